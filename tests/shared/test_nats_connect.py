@@ -1,0 +1,42 @@
+"""NATS connections are named and come back after the server restarts, with back-off."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from shardbus import embedded
+from shared.nats_connect import BackOff, connect
+
+
+def test_back_off_doubles_and_is_capped():
+    back_off = BackOff(0.5, 4.0)
+    assert [back_off.delay(n) for n in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+
+
+def test_back_off_refuses_a_cap_below_the_first_wait():
+    with pytest.raises(ValueError, match="first"):
+        BackOff(2.0, 1.0)
+
+
+async def test_a_connection_survives_a_server_restart(tmp_path):
+    port = embedded.free_port()
+    server = embedded.start_nats(tmp_path / "a", port=port)
+    nc = await connect(server.url, "test", first_wait_s=0.1, max_wait_s=0.5)
+    try:
+        server.stop()
+        await asyncio.sleep(0.3)
+        assert not nc.is_connected
+        server = embedded.start_nats(tmp_path / "b", port=port)
+        for _ in range(100):
+            if nc.is_connected:
+                break
+            await asyncio.sleep(0.05)
+        assert nc.is_connected
+        sub = await nc.subscribe("ping.back")
+        await nc.publish("ping.back", b"x")
+        assert (await sub.next_msg(timeout=2)).data == b"x"
+    finally:
+        await nc.close()
+        server.stop()
