@@ -71,3 +71,9 @@ def health(service: str) -> str:
 
 # --- ledger, cleanup, installer ---------------------------------------------------------
 # Each service adds its subjects in a section of its own below.
+
+
+def module_revert(module: str) -> str:
+    """Request: the owning game module gives back a resource of a kind the shard plane
+    does not know (see docs/contracts.md)."""
+    return f"modules.{module}.revert"
