@@ -1,0 +1,111 @@
+"""Where a release comes from and what its host answers: https on allowed hosts only, 4xx
+is the caller's 400 at once, unreachable hosts and 5xx are retried and then a 502, and
+every refusal quotes the upstream body."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from services.installer.download import Fetcher
+from services.installer.refusals import Refused
+from tests.installer.conftest import snapshot
+from tests.installer.releases import module_tar
+
+
+async def _refusal(site, url: str) -> Refused:
+    with pytest.raises(Refused) as refused:
+        await site.install(url)
+    return refused.value
+
+
+async def test_a_4xx_is_a_400_with_the_upstream_body_and_is_not_retried(site, releases, unique):
+    url = releases.serve(f"/{unique}/gone.json", b"this release was withdrawn", status=410)
+    refused = await _refusal(site, url)
+    assert refused.status == 400 and "answered 410" in refused.message
+    assert "this release was withdrawn" in refused.message
+    assert releases.hits[f"/{unique}/gone.json"] == 1
+
+
+async def test_a_5xx_is_retried_then_a_502_with_the_upstream_body(site, releases, unique):
+    url = releases.serve(f"/{unique}/broken.json", b"database on fire", status=500)
+    refused = await _refusal(site, url)
+    assert refused.status == 502 and "answered 500: database on fire" in refused.message
+    assert "after 3 attempts" in refused.message
+    assert releases.hits[f"/{unique}/broken.json"] == 3
+
+
+async def test_a_5xx_that_clears_up_within_the_retries_installs(site, releases, unique):
+    url = releases.release(f"/{unique}", "uo-events", "1.4.0")
+    releases.routes[f"/{unique}/uo-events-1.4.0.json"].fail_first = 1
+    releases.routes[f"/{unique}/uo-events-1.4.0.tar.gz"].fail_first = 2
+    assert (await site.install(url))["action"] == "installed"
+    assert releases.hits[f"/{unique}/uo-events-1.4.0.tar.gz"] == 3
+
+
+async def test_an_unreachable_host_is_a_502_after_retries(site):
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    refused = await _refusal(site, f"https://127.0.0.1:{port}/m.json")
+    assert refused.status == 502 and "unreachable" in refused.message and "after 3 attempts" in refused.message
+
+
+async def test_an_artifact_failing_with_5xx_leaves_the_installed_version_in_place(site, releases, unique):
+    await site.install(releases.release(f"/{unique}/base", "uo-events", "1.0.0"))
+    before = snapshot(Path(site.settings.modules_dir))
+    url = releases.release(f"/{unique}", "uo-events", "1.1.0")
+    releases.routes[f"/{unique}/uo-events-1.1.0.tar.gz"].fail_first = 10
+    refused = await _refusal(site, url)
+    assert refused.status == 502 and "release store is warming up" in refused.message
+    assert snapshot(Path(site.settings.modules_dir)) == before
+
+
+@pytest.mark.parametrize(("url", "reason"), [
+    ("http://127.0.0.1/m.json", "not https"),
+    ("ftp://127.0.0.1/m.json", "not https"),
+    ("https://localhost/m.json", "not on the installer's allowed hosts"),
+    ("https://user:pw@127.0.0.1/m.json", "must not carry credentials"),
+    ("http://user:pw@127.0.0.1/m.json", "must not carry credentials"),
+    ("https://user:pw@127.0.0.1:99999/m.json", "not a valid URL"),
+    ("not a url", "not https"),
+])
+async def test_a_bad_manifest_url_is_a_400_and_nothing_is_fetched(site, url, reason):
+    refused = await _refusal(site, url)
+    assert refused.status == 400 and reason in refused.message
+    assert "pw" not in refused.message
+
+
+async def test_an_artifact_url_off_the_allowlist_is_refused_before_anything_else(site, releases, unique):
+    url = releases.serve(f"/{unique}/m.json", (
+        b'{"id": "uo-events", "version": "1.0.0", "coreApi": "^1.10.0", "sha256": "' + b"a" * 64 +
+        b'", "artifactUrl": "https://evil.example/a.tar.gz"}'))
+    refused = await _refusal(site, url)
+    assert refused.status == 400 and "evil.example" in refused.message and "allowed hosts" in refused.message
+
+
+async def test_an_artifact_over_the_size_cap_is_refused(site, releases, unique):
+    big = module_tar("uo-events", "1.0.0", {"big.bin": os.urandom(5 * 1024 * 1024)})
+    refused = await _refusal(site, releases.release(f"/{unique}", "uo-events", "1.0.0", big))
+    assert refused.status == 400 and "over the cap of 4194304 bytes" in refused.message
+    assert snapshot(Path(site.settings.modules_dir)) == {}
+
+
+async def test_a_manifest_declaring_an_oversized_artifact_is_refused_before_downloading(site, releases, unique):
+    url = releases.release(f"/{unique}", "uo-events", "1.0.0", size=10 * 1024 * 1024)
+    refused = await _refusal(site, url)
+    assert refused.status == 400 and "over the cap" in refused.message
+    assert releases.hits[f"/{unique}/uo-events-1.0.0.tar.gz"] == 0
+
+
+def test_a_host_that_does_not_answer_in_time_is_a_502(releases, ca_file, unique):
+    url = releases.serve(f"/{unique}/slow.json", b"{}")
+    releases.routes[f"/{unique}/slow.json"].delay_s = 1.0
+    fetcher = Fetcher(["127.0.0.1"], ca_file=str(ca_file[0]), timeout_s=0.2, attempts=2, retry_wait_s=0.01)
+    with pytest.raises(Refused) as refused:
+        fetcher.fetch_manifest(url, 4096)
+    assert refused.value.status == 502 and "timed out" in refused.value.message
+    assert releases.hits[f"/{unique}/slow.json"] == 2
