@@ -9,8 +9,11 @@ its own handle; the servers also die with the test run if it is killed (PDEATHSI
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import asyncpg
 import nats
@@ -22,12 +25,23 @@ from tests.processes import ServiceProcesses
 
 
 @pytest.fixture(scope="session")
-def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def servers_dir() -> Iterator[Path]:
+    """Where this run's servers keep their data. Not under pytest's basetemp: pytest prunes
+    old basetemp directories, so a second run side by side would delete this one's."""
+    path = Path(tempfile.mkdtemp(prefix="shardbus-test-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def nats_url(servers_dir: Path) -> Iterator[str]:
     """URL of a real nats-server with JetStream."""
     if url := os.environ.get("SHARDBUS_TEST_NATS_URL"):
         yield url
         return
-    server = embedded.start_nats(tmp_path_factory.mktemp("nats"))
+    server = embedded.start_nats(servers_dir / "nats")
     try:
         yield server.url
     finally:
@@ -35,12 +49,12 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def postgres_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def postgres_admin_url(servers_dir: Path) -> Iterator[str]:
     """URL (asyncpg driver) of a database on a real PostgreSQL we may create databases from."""
     if url := os.environ.get("SHARDBUS_TEST_DATABASE_URL"):
         yield normalise_url(url)
         return
-    server = embedded.start_postgres(tmp_path_factory.mktemp("pg") / "data", durable=False)
+    server = embedded.start_postgres(servers_dir / "pg" / "data", durable=False)
     try:
         yield server.url("postgres")
     finally:

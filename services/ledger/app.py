@@ -1,25 +1,67 @@
-"""Ledger wiring: migrate on start, then answer the ledger's requests."""
+"""Ledger wiring: migrate on start, then answer every subject of the ledger's contract
+(docs/contracts.md) in the ``ledger`` queue group, and publish each committed change on
+``ledger.events.run.<runId>``. The rules live in the plain modules this file calls."""
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Any
 
-from faststream import FastStream
+import asyncpg
+from faststream import FastStream, Path
+from faststream.nats import NatsBroker
 
-from services.ledger import migrate
+from services.ledger import console, expiry, migrate, resources, runs, statuses, sweep
+from services.ledger import requests as rq
 from services.ledger.settings import LedgerSettings
-from shared import logs
+from services.ledger.store import Change, Database, LedgerError
+from shared import replies, subjects
 from shared.broker import add_health, make_app, make_broker
 from shared.database import safe_url
 
 log = logging.getLogger("shardbus.ledger")
 
+_UNREACHABLE_SQLSTATES = ("08", "57P01", "57P02", "57P03", "53300", "3D000")
+"""SQLSTATE (prefixes) meaning the database cannot be reached or used right now."""
+
+UNAVAILABLE = "the ledger's database is unreachable; retry shortly"
+"""The 503 sentence (no URL: it could carry a password)."""
+
+
+def _refused(exc: Exception) -> dict[str, Any]:
+    assert isinstance(exc, LedgerError)
+    return replies.fail(exc.status, str(exc))
+
+
+def _unreachable(exc: Exception) -> dict[str, Any]:
+    log.warning("database unreachable", extra={"reason": type(exc).__name__})
+    return replies.fail(replies.UNAVAILABLE, UNAVAILABLE)
+
+
+def _database_error(exc: Exception) -> dict[str, Any]:
+    if str(getattr(exc, "sqlstate", "") or "").startswith(_UNREACHABLE_SQLSTATES):
+        return _unreachable(exc)
+    log.error("database error", exc_info=exc)
+    return replies.fail(500, f"internal database error ({type(exc).__name__}); the ledger logged the details")
+
+
+ERROR_REPLIES = {
+    LedgerError: _refused,
+    OSError: _unreachable,
+    asyncpg.InterfaceError: _unreachable,
+    asyncpg.PostgresConnectionError: _unreachable,
+    asyncpg.PostgresError: _database_error,
+}
+"""How the ledger's own failures are answered (the shared middleware picks the most specific)."""
+
 
 def create_app(settings: LedgerSettings | None = None) -> FastStream:
     """The ledger as a FastStream app: run it with ``shardbus run ledger``."""
     settings = settings or LedgerSettings()
-    broker = make_broker(settings, "ledger")
+    broker = make_broker(settings, "ledger", error_replies=ERROR_REPLIES)
     app = make_app(broker, "ledger")
+    db = Database(settings.database_url, settings.db_pool_size)
 
     @app.on_startup
     async def bring_schema_forward() -> None:
@@ -27,6 +69,140 @@ def create_app(settings: LedgerSettings | None = None) -> FastStream:
             revision = await migrate.upgrade(settings.database_url)
             log.info("schema ready", extra={"revision": revision,
                                             "database": safe_url(settings.database_url)})
+        await db.open()
 
+    @app.after_shutdown
+    async def close_database() -> None:
+        await db.close()
+
+    register_handlers(broker, db, settings.ledger_concurrency)
     add_health(app, broker, "ledger", settings)
     return app
+
+
+def register_handlers(broker: NatsBroker, db: Database, concurrency: int) -> None:
+    """Subscribe every ledger subject in the ``ledger`` queue group, each handling up to
+    ``concurrency`` requests at once (one at a time would make every commit wait for the
+    one before it)."""
+
+    def subscriber(subject: str):  # noqa: ANN202  (FastStream's decorator)
+        return broker.subscriber(subject, queue=subjects.LEDGER_QUEUE, max_workers=concurrency)
+
+    async def publish(changes: list[Change]) -> None:
+        # Straight through nats-py: FastStream's publish pipeline costs more than the event.
+        for change in changes:
+            await broker.connection.publish(subjects.ledger_run_events(change.run["runId"]),
+                                            json.dumps(change.event(), separators=(",", ":")).encode())
+
+    @subscriber(subjects.LEDGER_RUN_CREATE)
+    async def create_run(body: rq.CreateRun) -> dict[str, Any]:
+        run, changes = await runs.create_run(db, body.run_id, body.shard, body.event)
+        await publish(changes)
+        return replies.ok(run=run)
+
+    @subscriber(subjects.LEDGER_RUN_STATUS)
+    async def run_status(body: rq.SetRunStatus) -> dict[str, Any]:
+        run, changes = await runs.set_run_status(db, body.run_id, body.status)
+        await publish(changes)
+        return replies.ok(run=run)
+
+    async def add(body: rq.AddResource, confirmed: bool) -> dict[str, Any]:
+        resource, changes = await resources.add_resource(
+            db, run_id=body.run_id, module=body.module, kind=body.kind, ref=body.ref,
+            idempotency_key=body.idempotency_key, revert=body.revert, lease_deadline=body.lease_deadline,
+            confirmed=confirmed)
+        await publish(changes)
+        return replies.ok(resource=resource)
+
+    @subscriber(subjects.LEDGER_RESOURCE_RESERVE)
+    async def reserve(body: rq.AddResource) -> dict[str, Any]:
+        return await add(body, confirmed=False)
+
+    @subscriber(subjects.LEDGER_RESOURCE_RECORD)
+    async def record(body: rq.AddResource) -> dict[str, Any]:
+        return await add(body, confirmed=True)
+
+    @subscriber(subjects.LEDGER_RESOURCE_CONFIRM)
+    async def confirm(body: rq.ResourceRef) -> dict[str, Any]:
+        resource, changes = await resources.transition(db, body.resource_id, statuses.CONFIRM)
+        await publish(changes)
+        return replies.ok(resource=resource)
+
+    @subscriber(subjects.LEDGER_RESOURCE_FAIL)
+    async def fail(body: rq.FailResource) -> dict[str, Any]:
+        resource, changes = await resources.transition(db, body.resource_id, statuses.FAIL, body.error)
+        await publish(changes)
+        return replies.ok(resource=resource)
+
+    @subscriber(subjects.LEDGER_EXPIRED_PATTERN)
+    async def expired(body: Any, module: str = Path()) -> dict[str, Any]:
+        count, changes = await expiry.expire(db, module, body)
+        await publish(changes)
+        return replies.ok(expired=count)
+
+    @subscriber(subjects.LEDGER_RECONCILE_PATTERN)
+    async def reconcile(body: rq.Reconcile, module: str = Path()) -> dict[str, Any]:
+        if not rq.is_module_name(module):
+            return replies.fail(replies.BAD_REQUEST, f"module {module!r} in the subject is not a module name")
+        count, changes = await resources.reconcile(db, module, body.run_id, body.kind, body.present)
+        await publish(changes)
+        return replies.ok(orphaned=count)
+
+    @subscriber(subjects.LEDGER_CONSOLE)
+    async def run_console(body: rq.RunRef) -> bytes:
+        return await console.console(db, body.run_id)
+
+    @subscriber(subjects.LEDGER_RUNS)
+    async def list_runs(body: rq.ListRuns) -> bytes:
+        return await console.list_runs(db, body.status, body.cleanup_status, body.limit)
+
+    @subscriber(subjects.LEDGER_LIVE)
+    async def live(body: rq.LiveRows) -> bytes:
+        return await console.live(db, body.module, body.limit)
+
+    @subscriber(subjects.LEDGER_SWEEP_SETTLE)
+    async def settle(body: rq.Settle) -> dict[str, Any]:
+        count, changes = await sweep.settle(db)
+        await publish(changes)
+        return replies.ok(settled=count)
+
+    @subscriber(subjects.LEDGER_SWEEP_CANDIDATES)
+    async def candidates(body: rq.Candidates) -> dict[str, Any]:
+        return replies.ok(runs=await sweep.candidates(db, body.limit))
+
+    @subscriber(subjects.LEDGER_SWEEP_CLAIM)
+    async def claim(body: rq.Claim) -> dict[str, Any]:
+        claimed, changes = await sweep.claim(db, body.run_id, body.max_attempts, body.limit,
+                                             body.claim_timeout_s)
+        await publish(changes)
+        return replies.ok(resources=claimed)
+
+    @subscriber(subjects.LEDGER_SWEEP_REVERTED)
+    async def reverted(body: rq.ResourceRef) -> dict[str, Any]:
+        resource, changes = await sweep.reverted(db, body.resource_id)
+        await publish(changes)
+        return replies.ok(resource=resource)
+
+    @subscriber(subjects.LEDGER_SWEEP_DRIFTED)
+    async def drifted(body: rq.Drifted) -> dict[str, Any]:
+        resource, changes = await sweep.drifted(db, body.resource_id, body.error)
+        await publish(changes)
+        return replies.ok(resource=resource)
+
+    @subscriber(subjects.LEDGER_SWEEP_FAILED)
+    async def failed(body: rq.SweepFailed) -> dict[str, Any]:
+        resource, changes = await sweep.failed(db, body.resource_id, body.error, body.transient)
+        await publish(changes)
+        return replies.ok(resource=resource)
+
+    @subscriber(subjects.LEDGER_SWEEP_FINISH)
+    async def finish(body: rq.Finish) -> dict[str, Any]:
+        run, changes = await sweep.finish(db, body.run_id, body.max_attempts, body.summary)
+        await publish(changes)
+        return replies.ok(run=run)
+
+    @subscriber(subjects.LEDGER_SWEEP_RETRY)
+    async def retry(body: rq.RunRef) -> dict[str, Any]:
+        run, changes = await sweep.retry(db, body.run_id)
+        await publish(changes)
+        return replies.ok(run=run)

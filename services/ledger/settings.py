@@ -13,3 +13,5 @@ class LedgerSettings(CommonSettings):
     migrate_on_start: bool = Field(default=True,
                                    description="Bring the database schema forward when the ledger starts.")
     db_pool_size: int = Field(default=10, ge=1, description="Database connections per ledger process.")
+    ledger_concurrency: int = Field(default=32, ge=1, le=1000,
+                             description="Requests one ledger process handles at once, per subject.")

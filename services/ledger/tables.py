@@ -1,3 +1,116 @@
-"""The ledger's tables (SQLModel). The schema itself is made by the Alembic migrations."""
+"""The ledger's tables (SQLModel). The schema itself is made by the Alembic migrations
+(``migrations/versions``); these classes describe it for code and for autogenerate.
+
+The database enforces what it can: allowed status values (CHECK), length bounds (varchar and
+CHECK), at most one live row per target (a partial unique index) and one row per
+idempotency key (a unique index) — so a race the code did not foresee still cannot break them.
+"""
 
 from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, Boolean, CheckConstraint, Column, DateTime, ForeignKey, Index, Integer, String, UniqueConstraint, text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlmodel import Field, SQLModel
+
+from services.ledger.statuses import CLEANUP_STATUSES, LIVE, RESOURCE_STATUSES, REVERTABLE, RUN_STATUSES
+
+ID_PATTERN = "^[A-Za-z0-9_-]{1,64}$"
+"""What a run id and a module name may look like: each becomes a NATS subject token."""
+
+KIND_MAX = 64
+"""Longest resource kind."""
+
+REF_MAX = 190
+"""Longest resource ref (fits a btree index entry with room to spare)."""
+
+ERROR_MAX = 1000
+"""Longest stored error sentence (longer ones are cut)."""
+
+IDEMPOTENCY_KEY_MAX = 200
+"""Longest idempotency key."""
+
+
+def _one_of(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+def _now() -> Column:
+    return Column(DateTime(timezone=True), nullable=False, server_default=text("now()"))
+
+
+class Run(SQLModel, table=True):
+    """One occurrence of a scheduled world event."""
+
+    __tablename__ = "runs"
+    __table_args__ = (
+        CheckConstraint(f"run_id ~ '{ID_PATTERN}'", name="ck_runs_run_id"),
+        CheckConstraint(_one_of("status", RUN_STATUSES), name="ck_runs_status"),
+        CheckConstraint(_one_of("cleanup_status", CLEANUP_STATUSES), name="ck_runs_cleanup_status"),
+        CheckConstraint("char_length(shard) >= 1 AND char_length(event) >= 1", name="ck_runs_names"),
+        Index("ix_runs_status_cleanup", "status", "cleanup_status"),
+    )
+
+    run_id: str = Field(sa_column=Column(String(64), primary_key=True))
+    shard: str = Field(sa_column=Column(String(32), nullable=False))
+    event: str = Field(sa_column=Column(String(128), nullable=False))
+    status: str = Field(sa_column=Column(String(16), nullable=False, server_default="scheduled"))
+    cleanup_status: str = Field(sa_column=Column(String(16), nullable=False, server_default="pending"))
+    created_at: datetime | None = Field(default=None, sa_column=_now())
+    updated_at: datetime | None = Field(default=None, sa_column=_now())
+    ended_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+
+
+class Resource(SQLModel, table=True):
+    """One thing a run created in the world, or one value it borrowed."""
+
+    __tablename__ = "resources"
+    __table_args__ = (
+        CheckConstraint(_one_of("status", RESOURCE_STATUSES), name="ck_resources_status"),
+        CheckConstraint(f"previous_status IS NULL OR {_one_of('previous_status', REVERTABLE)}",
+                        name="ck_resources_previous_status"),
+        CheckConstraint(f"module ~ '{ID_PATTERN}'", name="ck_resources_module"),
+        CheckConstraint("char_length(kind) >= 1 AND char_length(ref) >= 1", name="ck_resources_target"),
+        CheckConstraint("attempts >= 0", name="ck_resources_attempts"),
+        CheckConstraint("jsonb_typeof(revert) = 'object'", name="ck_resources_revert"),
+        Index("uq_resources_live_target", "module", "kind", "ref", unique=True,
+              postgresql_where=text(_one_of("status", LIVE))),
+        Index("ix_resources_run_status", "run_id", "status"),
+        UniqueConstraint("idempotency_key", name="uq_resources_idempotency_key"),
+    )
+
+    id: int | None = Field(default=None, sa_column=Column(BigInteger, primary_key=True, autoincrement=True))
+    run_id: str = Field(sa_column=Column(String(64), ForeignKey("runs.run_id"), nullable=False))
+    module: str = Field(sa_column=Column(String(64), nullable=False))
+    kind: str = Field(sa_column=Column(String(KIND_MAX), nullable=False))
+    ref: str = Field(sa_column=Column(String(REF_MAX), nullable=False))
+    status: str = Field(sa_column=Column(String(16), nullable=False))
+    previous_status: str | None = Field(default=None, sa_column=Column(String(16)))
+    attempts: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
+    gave_up: bool = Field(default=False, sa_column=Column(Boolean, nullable=False, server_default=text("false")))
+    lease_deadline: int | None = Field(default=None, sa_column=Column(BigInteger))
+    revert: dict[str, Any] = Field(default_factory=dict,
+                                   sa_column=Column(JSONB, nullable=False, server_default=text("'{}'")))
+    last_error: str | None = Field(default=None, sa_column=Column(String(ERROR_MAX)))
+    idempotency_key: str = Field(sa_column=Column(String(IDEMPOTENCY_KEY_MAX), nullable=False))
+    claimed_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+    created_at: datetime | None = Field(default=None, sa_column=_now())
+    updated_at: datetime | None = Field(default=None, sa_column=_now())
+
+
+class RunLog(SQLModel, table=True):
+    """The run log: what happened to a run and its resources, in order. Append-only and
+    without foreign keys (revision 0004 says why)."""
+
+    __tablename__ = "run_log"
+    __table_args__ = (Index("ix_run_log_run", "run_id", "id"),)
+
+    id: int | None = Field(default=None, sa_column=Column(BigInteger, primary_key=True, autoincrement=True))
+    run_id: str = Field(sa_column=Column(String(64), nullable=False))
+    resource_id: int | None = Field(default=None, sa_column=Column(BigInteger))
+    kind: str = Field(sa_column=Column(String(64), nullable=False))
+    detail: dict[str, Any] = Field(default_factory=dict,
+                                   sa_column=Column(JSONB, nullable=False, server_default=text("'{}'")))
+    at: datetime | None = Field(default=None, sa_column=_now())

@@ -54,3 +54,24 @@ def test_the_migrate_command_reports_the_revision(database_url):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert f"at revision {migrate.head_revision()}" in done.stdout
+
+
+async def test_rows_written_at_the_previous_revision_survive_the_upgrade(database_url):
+    """A database at 0002 (before ``gave_up`` and the keyless log) with a run, a resource and a
+    log entry in it, brought to the head."""
+    assert await migrate.upgrade(database_url, "0002") == "0002"
+    conn = await asyncpg.connect(_plain(database_url))
+    try:
+        await conn.execute("INSERT INTO runs (run_id, shard, event, status) VALUES ('old', 'uo1', 'invasion', 'completed')")
+        await conn.execute("INSERT INTO resources (run_id, module, kind, ref, status, attempts, revert, idempotency_key) "
+                           "VALUES ('old', 'lease', 'lease', 'spawn.rate', 'confirmed', 2, "
+                           "'{\"expected\": \"2\", \"baseline\": \"1\"}', 'k-old')")
+        await conn.execute("INSERT INTO run_log (run_id, resource_id, kind) VALUES ('old', 1, 'resource.recorded')")
+        assert await migrate.upgrade(database_url) == migrate.head_revision()
+        row = await conn.fetchrow("SELECT * FROM resources WHERE idempotency_key = 'k-old'")
+        assert (row["status"], row["attempts"], row["gave_up"]) == ("confirmed", 2, False)
+        assert row["revert"] == '{"baseline": "1", "expected": "2"}'
+        assert await conn.fetchval("SELECT status FROM runs WHERE run_id = 'old'") == "completed"
+        assert await conn.fetchval("SELECT count(*) FROM run_log") == 1
+    finally:
+        await conn.close()

@@ -1,0 +1,237 @@
+"""Benchmark: the ledger's guarded transitions over NATS, and its run console's latency.
+
+From one run against one PostgreSQL (embedded, durable settings as deployed) and one
+nats-server, with a real ``shardbus run ledger`` process:
+
+1. reserve+confirm through the ledger over NATS with 32 concurrent clients, each pair two
+   guarded transitions with their run-log entries and update events (``transitions_per_s``);
+2. the raw baseline in the same run: asyncpg, 32 connections, the same INSERT (reserve) and
+   guarded ``UPDATE … WHERE status IN ('pending')`` (confirm), without log or events
+   (``raw_updates_per_s``); the ratio is the figure (target >= 0.5);
+3. the run console (run, 1,000 resources, counts, unresolved) over NATS in a database of
+   1,000,000 resources (generated set-based with ``generate_series``): p50/p99 (target
+   p99 <= 20 ms), beside the console's SQL alone through asyncpg.
+
+Run alone: ``python bench/ledger.py [--rows N] [--seconds S]``; writes ``bench/results/ledger.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import asyncpg  # noqa: E402
+import nats  # noqa: E402
+
+from shardbus import embedded  # noqa: E402
+from shared import subjects  # noqa: E402
+from shared.broker import health_file_is_fresh  # noqa: E402
+
+CLIENTS = 32
+"""Concurrent clients in the transition phases (ledger and raw alike)."""
+
+CONSOLE_ROWS = 1000
+"""Resources of the run whose console is read."""
+
+CONSOLE_READS = 300
+"""Console reads measured (after 20 unmeasured warm-up reads)."""
+
+
+def _plain(url: str) -> str:
+    return url.replace("postgresql+asyncpg://", "postgresql://", 1)
+
+
+async def ledger_transitions(nats_url: str, seconds: float) -> tuple[float, int]:
+    """reserve+confirm pairs through the ledger for ``seconds``; transitions/s and errors."""
+    nc = await nats.connect(nats_url)
+    run = f"bench-{os.getpid()}"
+    await nc.request(subjects.LEDGER_RUN_CREATE, json.dumps({"runId": run, "shard": "uo1", "event": "bench"}).encode(), timeout=5)
+    await nc.request(subjects.LEDGER_RUN_STATUS, json.dumps({"runId": run, "status": "running"}).encode(), timeout=5)
+    done, errors = 0, 0
+    stop = time.perf_counter() + seconds
+
+    async def client(n: int) -> None:
+        nonlocal done, errors
+        i = 0
+        while time.perf_counter() < stop:
+            i += 1
+            ref = f"n{n}-{i}"
+            body = {"runId": run, "module": "bench", "kind": "creature", "ref": ref, "idempotencyKey": f"L{ref}"}
+            reply = json.loads((await nc.request(subjects.LEDGER_RESOURCE_RESERVE, json.dumps(body).encode(), timeout=10)).data)
+            confirm = json.loads((await nc.request(subjects.LEDGER_RESOURCE_CONFIRM, json.dumps(
+                {"resourceId": reply["resource"]["resourceId"]}).encode(), timeout=10)).data)
+            if reply["status"] == 200 and confirm["status"] == 200:
+                done += 2
+            else:
+                errors += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client(n) for n in range(CLIENTS)))
+    elapsed = time.perf_counter() - started
+    await nc.close()
+    return done / elapsed, errors
+
+
+async def raw_transitions(db_url: str, seconds: float) -> float:
+    """The same reserve (INSERT) + guarded confirm (UPDATE) straight through asyncpg."""
+    pool = await asyncpg.create_pool(_plain(db_url), min_size=CLIENTS, max_size=CLIENTS)
+    run = f"raw-{os.getpid()}"
+    await pool.execute("INSERT INTO runs (run_id, shard, event, status) VALUES ($1, 'uo1', 'bench', 'running')", run)
+    done = 0
+    stop = time.perf_counter() + seconds
+
+    async def client(n: int) -> None:
+        nonlocal done
+        i = 0
+        async with pool.acquire() as conn:
+            while time.perf_counter() < stop:
+                i += 1
+                ref = f"n{n}-{i}"
+                rid = await conn.fetchval(
+                    "INSERT INTO resources (run_id, module, kind, ref, status, idempotency_key) "
+                    "VALUES ($1, 'raw', 'creature', $2, 'pending', $3) "
+                    "ON CONFLICT (idempotency_key) DO NOTHING RETURNING id", run, ref, f"R{ref}")
+                row = await conn.fetchrow("UPDATE resources SET status = 'confirmed', updated_at = now() "
+                                          "WHERE id = $1 AND status = ANY($2) RETURNING *", rid, ["pending"])
+                if row is not None:
+                    done += 2
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client(n) for n in range(CLIENTS)))
+    elapsed = time.perf_counter() - started
+    await pool.close()
+    return done / elapsed
+
+
+async def fill(db_url: str, rows: int) -> str:
+    """``rows`` resources over runs of 1,000 each, set-based; the id of one such run."""
+    conn = await asyncpg.connect(_plain(db_url))
+    try:
+        runs = max(1, rows // CONSOLE_ROWS)
+        await conn.execute("""
+            INSERT INTO runs (run_id, shard, event, status, cleanup_status)
+            SELECT 'fill-' || g, 'uo1', 'invasion', 'completed', 'complete' FROM generate_series(1, $1) g""", runs)
+        await conn.execute("""
+            INSERT INTO resources (run_id, module, kind, ref, status, revert, idempotency_key, attempts)
+            SELECT 'fill-' || (1 + g / $2::int), 'world', 'creature', 'serial-' || g,
+                   (ARRAY['reverted', 'expired', 'reverted', 'drifted', 'orphaned'])[1 + g % 5],
+                   jsonb_build_object('serial', g, 'what', 'creature'), 'fill-' || g, g % 3
+            FROM generate_series(0, $1::int * $2::int - 1) g""", runs, CONSOLE_ROWS)
+        await conn.execute("ANALYZE")
+        return f"fill-{runs // 2 + 1}"
+    finally:
+        await conn.close()
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+async def console_latency(nats_url: str, db_url: str, run_id: str) -> dict[str, float]:
+    """Console reads over NATS, and the console's SQL alone, one after another."""
+    from services.ledger import console
+    from services.ledger.store import Database
+
+    nc = await nats.connect(nats_url)
+    body = json.dumps({"runId": run_id}).encode()
+    over_nats = []
+    for i in range(CONSOLE_READS + 20):
+        started = time.perf_counter()
+        reply = json.loads((await nc.request(subjects.LEDGER_CONSOLE, body, timeout=10)).data)
+        if i >= 20:
+            over_nats.append((time.perf_counter() - started) * 1000)
+    assert reply["status"] == 200 and len(reply["resources"]) == CONSOLE_ROWS, reply.get("error")
+    await nc.close()
+    engine = Database(db_url, pool_size=1)
+    await engine.open()
+    sql_only = []
+    for i in range(CONSOLE_READS + 20):
+        started = time.perf_counter()
+        await console.console(engine, run_id)
+        if i >= 20:
+            sql_only.append((time.perf_counter() - started) * 1000)
+    await engine.close()
+    return {"console_p50_ms": round(statistics.median(over_nats), 2),
+            "console_p99_ms": round(_percentile(over_nats, 0.99), 2),
+            "console_sql_p50_ms": round(statistics.median(sql_only), 2),
+            "console_sql_p99_ms": round(_percentile(sql_only, 0.99), 2),
+            "console_bytes": len(json.dumps(reply))}
+
+
+def start_ledger(tmp: Path, nats_url: str, db_url: str) -> subprocess.Popen:
+    health = tmp / "ledger.health"
+    env = {**os.environ, "SHARDBUS_NATS_URL": nats_url, "SHARDBUS_DATABASE_URL": db_url,
+           "SHARDBUS_HEALTH_FILE": str(health), "SHARDBUS_LOG_LEVEL": "WARNING", "SHARDBUS_DB_POOL_SIZE": "10"}
+    log = open(tmp / "ledger.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "shardbus", "run", "ledger"], env=env, cwd=ROOT,
+                            stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not health_file_is_fresh(str(health)):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"ledger did not start: {(tmp / 'ledger.log').read_text()[-2000:]}")
+        time.sleep(0.1)
+    return proc
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000, help="resources in the database for the console read")
+    parser.add_argument("--seconds", type=float, default=10.0, help="duration of each transition phase")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-ledger-", dir="/tmp"))
+    nats_server = embedded.start_nats(tmp / "nats")
+    pg = embedded.start_postgres(tmp / "pg", durable=True)
+    ledger = None
+    try:
+        pg.create_database("bench")
+        db_url = pg.url("bench")
+        subprocess.run([sys.executable, "-m", "shardbus", "migrate", "--database-url", db_url], cwd=ROOT,
+                       check=True, capture_output=True)
+        ledger = start_ledger(tmp, nats_server.url, db_url)
+        transitions, errors = asyncio.run(ledger_transitions(nats_server.url, args.seconds))
+        raw = asyncio.run(raw_transitions(db_url, args.seconds))
+        started = time.perf_counter()
+        run_id = asyncio.run(fill(db_url, args.rows))
+        fill_s = time.perf_counter() - started
+        console = asyncio.run(console_latency(nats_server.url, db_url, run_id))
+    finally:
+        if ledger is not None:
+            embedded.stop_process(ledger)
+        pg.stop()
+        nats_server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    result = {
+        "transitions_per_s": round(transitions, 1),
+        "raw_updates_per_s": round(raw, 1),
+        "transition_ratio": round(transitions / raw, 3),
+        "transition_errors": errors,
+        **console,
+        "clients": CLIENTS,
+        "seconds_per_phase": args.seconds,
+        "resources_in_database": args.rows,
+        "console_resources": CONSOLE_ROWS,
+        "fill_seconds": round(fill_s, 1),
+        "targets": {"transition_ratio": ">= 0.5", "console_p99_ms": "<= 20"},
+    }
+    out = ROOT / "bench" / "results" / "ledger.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""Expiry: the owning module reports that the game ended a target at its own deadline.
+
+SPEC 3 (Expiry): that module's rows for that exact (kind, ref) in ``pending``, ``confirmed``
+or ``orphaned`` become ``expired``, each with a ``resource.expired`` log entry; ``reverting``
+rows are left to their revert and resolved rows stay as they are. A malformed or unknown
+expiry is not an error: it answers 0 and writes nothing. A terminal run whose last
+unresolved row this was gets its cleanup ``complete`` — even from ``incomplete``; a run still
+in flight is left to its own end. The module comes from the subject, never the payload.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.ledger import statuses
+from services.ledger.store import Database, Change, as_json, changed_resources_select, resource_changes, rows, run_json
+from services.ledger.requests import is_module_name
+from services.ledger.tables import KIND_MAX, REF_MAX
+
+
+def target_of(module: str, body: Any) -> tuple[str, str] | None:
+    """The (kind, ref) an expiry names, or None when it is malformed: not an object, kind or
+    ref missing, not text, empty or over-long, or a module token that is not a module name."""
+    if not is_module_name(module) or not isinstance(body, dict):
+        return None
+    kind, ref = body.get("kind"), body.get("ref")
+    if not (isinstance(kind, str) and isinstance(ref, str)):
+        return None
+    if not (0 < len(kind) <= KIND_MAX and 0 < len(ref) <= REF_MAX):
+        return None
+    return kind, ref
+
+
+async def expire(db: Database, module: str, body: Any) -> tuple[int, list[Change]]:
+    """Apply an expiry from ``module`` (the subject's token); returns how many rows expired."""
+    target = target_of(module, body)
+    if target is None:
+        return 0, []
+    kind, ref = target
+    step = statuses.EXPIRE
+    async with db.connect() as conn:
+        result = await rows(conn, f"""
+            WITH changed AS (
+                UPDATE resources SET status = :to, updated_at = now(), claimed_at = NULL
+                WHERE module = :module AND kind = :kind AND ref = :ref AND status = ANY(:allowed)
+                RETURNING *
+            ), logged AS (
+                INSERT INTO run_log (run_id, resource_id, kind, detail)
+                SELECT run_id, id, :log_kind, jsonb_build_object('module', module, 'kind', kind, 'ref', ref)
+                FROM changed
+            )
+            {changed_resources_select('changed')}""",
+                              {"module": module, "kind": kind, "ref": ref, "to": step.to,
+                               "allowed": list(step.allowed), "log_kind": step.log_kind})
+        changes = resource_changes(result, step.log_kind)
+        run_ids = sorted({change.run["runId"] for change in changes})
+        if run_ids:
+            # A second statement: it must see the rows the first one just expired.
+            settled = await rows(conn, f"""
+                WITH changed AS (
+                    UPDATE runs r SET cleanup_status = 'complete', updated_at = now()
+                    WHERE r.run_id = ANY(:run_ids) AND r.status = ANY(:terminal) AND r.cleanup_status <> 'complete'
+                      AND NOT EXISTS (SELECT 1 FROM resources s WHERE s.run_id = r.run_id AND s.status = ANY(:unresolved))
+                    RETURNING *
+                ), logged AS (
+                    INSERT INTO run_log (run_id, kind, detail)
+                    SELECT run_id, 'cleanup.settled', '{{"by": "resource.expired"}}'::jsonb FROM changed
+                )
+                SELECT {run_json('c')}::text AS run FROM changed c""",
+                                   {"run_ids": run_ids, "terminal": list(statuses.RUN_TERMINAL),
+                                    "unresolved": list(statuses.UNRESOLVED)})
+            changes += [Change("cleanup.settled", as_json(row.run)) for row in settled]
+    return len(result), changes

@@ -1,0 +1,140 @@
+"""Resources a run holds: reserve (pending) or record (confirmed) one — idempotent on its
+key, refused while its target is held by a live row — then confirm, fail or orphan it.
+Each change is one guarded statement that also writes its run-log entry."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+
+from services.ledger import statuses
+from services.ledger.statuses import RUN_TERMINAL, Transition
+from services.ledger.store import (Database, Change, Conflict, as_json, changed_resources_select, first,
+                                   resource_changes, resource_json, resource_or_conflict, rows, run_or_not_found)
+from services.ledger.tables import ERROR_MAX
+
+LIVE_TARGET_INDEX = "uq_resources_live_target"
+"""The partial unique index that holds a target for one live row."""
+
+
+async def add_resource(db: Database, *, run_id: str, module: str, kind: str, ref: str,
+                       idempotency_key: str, revert: dict[str, Any], lease_deadline: int | None,
+                       confirmed: bool) -> tuple[dict, list[Change]]:
+    """Reserve (``pending``) or record (``confirmed``) a resource of the run.
+
+    A retry with the same idempotency key returns the first row. A reservation needs a run
+    that is not over; a record (the thing is already out there) is taken whatever the run's
+    status, and reopens a finished cleanup so the sweep gives it back."""
+    status = "confirmed" if confirmed else "pending"
+    params = {"run_id": run_id, "module": module, "kind": kind, "ref": ref, "status": status,
+              "key": idempotency_key, "revert": json.dumps(revert), "deadline": lease_deadline,
+              "open_only": not confirmed, "terminal": list(RUN_TERMINAL)}
+    try:
+        async with db.connect() as conn:
+            result = await rows(conn, f"""
+                WITH inserted AS (
+                    INSERT INTO resources (run_id, module, kind, ref, status, lease_deadline, revert, idempotency_key)
+                    SELECT CAST(:run_id AS text), CAST(:module AS text), CAST(:kind AS text), CAST(:ref AS text),
+                           CAST(:status AS text), CAST(:deadline AS bigint), CAST(:revert AS jsonb), CAST(:key AS text)
+                    FROM runs WHERE run_id = CAST(:run_id AS text) AND NOT (:open_only AND status = ANY(:terminal))
+                    ON CONFLICT (idempotency_key) DO NOTHING
+                    RETURNING *
+                ), logged AS (
+                    INSERT INTO run_log (run_id, resource_id, kind, detail)
+                    SELECT run_id, id, 'resource.recorded',
+                           jsonb_build_object('status', status, 'module', module, 'kind', kind, 'ref', ref)
+                    FROM inserted
+                ), reopened AS (
+                    UPDATE runs SET cleanup_status = 'pending', updated_at = now()
+                    WHERE run_id = :run_id AND cleanup_status = 'complete' AND EXISTS (SELECT 1 FROM inserted)
+                    RETURNING run_id
+                )
+                {changed_resources_select('inserted')}""", params)
+            if result:
+                changes = resource_changes(result, "resource.recorded")
+                return changes[0].resource, changes
+            return await _explain_no_insert(conn, run_id, module, kind, ref, idempotency_key)
+    except asyncpg.UniqueViolationError as exc:
+        if exc.constraint_name != LIVE_TARGET_INDEX:
+            raise
+    async with db.connect() as conn:
+        # The same retry may have raced us to the target: then it is the first row.
+        if await first(conn, "SELECT 1 FROM resources WHERE idempotency_key = :key", {"key": idempotency_key}):
+            return await _explain_no_insert(conn, run_id, module, kind, ref, idempotency_key)
+        holder = await first(conn, "SELECT id, status, run_id FROM resources WHERE module = :m AND kind = :k "
+                             "AND ref = :r AND status = ANY(:live)",
+                             {"m": module, "k": kind, "r": ref, "live": list(statuses.LIVE)})
+    who = f"resource {holder.id} ({holder.status}, run {holder.run_id!r})" if holder else "a live row"
+    raise Conflict(f"target {module}/{kind}/{ref} is held by {who}; it is free again once that row is resolved")
+
+
+async def _explain_no_insert(conn: asyncpg.Connection, run_id: str, module: str, kind: str, ref: str,
+                             key: str) -> tuple[dict, list[Change]]:
+    """Nothing was inserted: the key was used before (answer its row), or the run is
+    missing or over."""
+    row = await first(conn, f"SELECT {resource_json('s')}::text AS resource FROM resources s "
+                      "WHERE idempotency_key = :key", {"key": key})
+    if row is not None:
+        first_row = as_json(row.resource)
+        if (first_row["runId"], first_row["module"], first_row["kind"], first_row["ref"]) != (run_id, module, kind, ref):
+            raise Conflict(f"idempotencyKey {key!r} already names resource {first_row['resourceId']}, "
+                           f"a different target; use a new key for a new resource")
+        return first_row, []
+    run = await run_or_not_found(conn, run_id)
+    raise Conflict(f"run {run_id!r} is {run['status']}; nothing new may be reserved for it")
+
+
+async def transition(db: Database, resource_id: int, step: Transition,
+                     error: str | None = None) -> tuple[dict, list[Change]]:
+    """Apply ``step`` (confirm, fail, reverted, drifted) to one resource: one guarded UPDATE."""
+    async with db.connect() as conn:
+        result = await rows(conn, f"""
+            WITH changed AS (
+                UPDATE resources SET status = :to, updated_at = now(),
+                       last_error = COALESCE(:error, last_error), claimed_at = NULL
+                WHERE id = :id AND status = ANY(:allowed)
+                RETURNING *
+            ), logged AS (
+                INSERT INTO run_log (run_id, resource_id, kind, detail)
+                SELECT run_id, id, :log_kind, jsonb_build_object('status', status, 'error', CAST(:error AS text))
+                FROM changed
+            )
+            {changed_resources_select('changed')}""",
+                              {"id": resource_id, "to": step.to, "allowed": list(step.allowed),
+                               "log_kind": step.log_kind, "error": _cut(error)})
+        if not result:
+            raise await resource_or_conflict(conn, resource_id, step.name, step.allowed)
+    changes = resource_changes(result, step.log_kind)
+    return changes[0].resource, changes
+
+
+async def reconcile(db: Database, module: str, run_id: str, kind: str | None,
+                    present: list[str]) -> tuple[int, list[Change]]:
+    """The module's confirmed rows of the run (and kind) whose ref the shard no longer lists
+    become ``orphaned``."""
+    step = statuses.ORPHAN
+    async with db.connect() as conn:
+        await run_or_not_found(conn, run_id)
+        result = await rows(conn, f"""
+            WITH changed AS (
+                UPDATE resources SET status = :to, updated_at = now()
+                WHERE run_id = :run_id AND module = :module AND (CAST(:kind AS text) IS NULL OR kind = :kind)
+                  AND status = ANY(:allowed) AND NOT (ref = ANY(:present))
+                RETURNING *
+            ), logged AS (
+                INSERT INTO run_log (run_id, resource_id, kind, detail)
+                SELECT run_id, id, :log_kind, jsonb_build_object('module', module, 'kind', kind, 'ref', ref)
+                FROM changed
+            )
+            {changed_resources_select('changed')}""",
+                              {"run_id": run_id, "module": module, "kind": kind, "present": present,
+                               "to": step.to, "allowed": list(step.allowed), "log_kind": step.log_kind})
+    return len(result), resource_changes(result, step.log_kind)
+
+
+def _cut(error: str | None) -> str | None:
+    """An error sentence cut to what the column holds."""
+    return None if error is None else error[:ERROR_MAX]
+

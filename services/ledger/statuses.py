@@ -1,0 +1,89 @@
+"""The ledger's state machine as data: every status, which are resolved, and which
+transition may start from which statuses. The store turns each entry into one guarded
+``UPDATE … WHERE status = ANY(allowed)``; nothing else decides whether a change is allowed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# --- runs ------------------------------------------------------------------------------
+
+RUN_STATUSES = ("scheduled", "running", "completed", "cancelled", "failed", "missed")
+"""Every status an event run may have."""
+
+RUN_TERMINAL = ("completed", "cancelled", "failed", "missed")
+"""Run statuses after which the run does nothing more (its cleanup may begin)."""
+
+RUN_STATUS_FROM: dict[str, tuple[str, ...]] = {
+    "running": ("scheduled",),
+    "completed": ("running",),
+    "failed": ("running",),
+    "cancelled": ("scheduled", "running"),
+    "missed": ("scheduled",),
+}
+"""For each target run status, the statuses a run may move to it from."""
+
+CLEANUP_STATUSES = ("pending", "complete", "incomplete")
+"""A run's cleanup status; ``incomplete`` wants a person (manual retry)."""
+
+# --- resources -------------------------------------------------------------------------
+
+RESOURCE_STATUSES = ("pending", "confirmed", "reverting", "reverted", "orphaned", "drifted", "expired")
+"""Every status a resource row may have."""
+
+LIVE = ("pending", "confirmed")
+"""Statuses that hold a target (module, kind, ref): at most one such row per target."""
+
+RESOLVED = ("reverted", "expired")
+"""Statuses that need nothing more (green on the console)."""
+
+UNRESOLVED = ("pending", "confirmed", "reverting", "orphaned", "drifted")
+"""Statuses that still count against a run's cleanup (``unresolved`` on the console)."""
+
+REVERTABLE = ("pending", "confirmed", "orphaned")
+"""Statuses a sweep may claim for a give-back (and fall back to after a transient failure)."""
+
+WANTS_A_PERSON = ("orphaned", "drifted")
+"""Statuses the console shows in amber."""
+
+STATUS_COLOUR = {"pending": "grey", "confirmed": "blue", "reverting": "blue", "reverted": "green",
+                 "orphaned": "amber", "drifted": "amber", "expired": "green"}
+"""The colour the console shows each resource status in."""
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One resource transition: from which statuses, to which, and the run-log kind it writes."""
+
+    name: str
+    allowed: tuple[str, ...]
+    to: str
+    log_kind: str
+
+
+CONFIRM = Transition("confirm", ("pending",), "confirmed", "resource.confirmed")
+"""The shard acted on a reservation: the thing is out there."""
+
+FAIL = Transition("fail", ("pending",), "reverted", "resource.failed")
+"""The shard did not create what was reserved: nothing is out there, the target is free."""
+
+EXPIRE = Transition("expire", ("pending", "confirmed", "orphaned"), "expired", "resource.expired")
+"""The owning module reports the game ended it at its deadline (never a ``reverting`` row)."""
+
+ORPHAN = Transition("orphan", ("confirmed",), "orphaned", "resource.orphaned")
+"""A reconcile found the shard no longer lists it."""
+
+CLAIM = Transition("claim", REVERTABLE, "reverting", "cleanup.claimed")
+"""A sweep takes the row for a give-back (stale ``reverting`` claims are re-taken separately)."""
+
+REVERTED = Transition("reverted", ("reverting",), "reverted", "cleanup.reverted")
+"""The give-back succeeded (removed, or already gone)."""
+
+DRIFTED = Transition("drifted", ("reverting",), "drifted", "cleanup.drifted")
+"""Somebody changed it deliberately; it is left alone."""
+
+FAILED = Transition("failed", ("reverting",), "<previous>", "cleanup.failed")
+"""The give-back failed: back to the status it had before the claim, attempts + 1."""
+
+TRANSITIONS = {t.name: t for t in (CONFIRM, FAIL, EXPIRE, ORPHAN, CLAIM, REVERTED, DRIFTED, FAILED)}
+"""Every resource transition by name."""

@@ -1,0 +1,179 @@
+"""What every ledger operation shares: its errors, the change record that becomes an update
+event, the SQL that renders a run or a resource as its wire JSON (camelCase, built by
+PostgreSQL so a 1,000-row console is one query), and small helpers to run SQL.
+
+Operations run SQL on an asyncpg pool, each statement its own transaction: a transition is
+one guarded statement whose WITH clause also writes the run-log entry, so the change and its
+log entry commit together or not at all, with no BEGIN/COMMIT round trips. Where an
+operation runs a second statement (an expiry settling a run), that statement is correct on
+its own. (asyncpg rather than SQLAlchemy's async engine here: with 32 requests in flight the
+engine's pool and greenlet hand-offs cost three times the statement — see docs/ledger.md.)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import asyncpg
+
+from shared.database import normalise_url
+
+
+class Database:
+    """The ledger's connection pool. Statements are written with ``:name`` parameters."""
+
+    def __init__(self, url: str, pool_size: int = 10) -> None:
+        self.url = normalise_url(url).replace("postgresql+asyncpg://", "postgresql://", 1)
+        self.pool_size = pool_size
+        self._pool: asyncpg.Pool | None = None
+
+    async def open(self) -> None:
+        """Create the pool; it connects on first use, so an unreachable database is a 503
+        per request, not a service that cannot start."""
+        self._pool = await asyncpg.create_pool(self.url, min_size=0, max_size=self.pool_size,
+                                               max_inactive_connection_lifetime=300, reset=_keep_session)
+
+    async def close(self) -> None:
+        """Close every connection."""
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    def connect(self) -> Any:
+        """``async with db.connect() as conn``: a pooled connection."""
+        if self._pool is None:
+            raise RuntimeError("Database.open() was not awaited")
+        return self._pool.acquire()
+
+
+async def _keep_session(_conn: asyncpg.Connection) -> None:
+    # asyncpg resets a returned connection (RESET ALL, UNLISTEN …): a round trip per request.
+    # The ledger never changes session state, listens or takes session locks, so skip it.
+    return None
+
+
+class Row(dict):
+    """A result row whose columns read as attributes (``row.status``)."""
+
+    __getattr__ = dict.__getitem__
+
+
+@lru_cache(maxsize=256)
+def _statement(sql: str) -> tuple[str, tuple[str, ...]]:
+    # ``:name`` → ``$n`` once per statement text (``::type`` casts are left alone).
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    return _PARAM.sub(number, sql), tuple(names)
+
+
+_PARAM = re.compile(r"(?<![:\w]):(\w+)")
+
+
+async def rows(conn: asyncpg.Connection, sql: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+    """Every row ``sql`` returns."""
+    statement, names = _statement(sql)
+    return [Row(record) for record in await conn.fetch(statement, *((params or {})[n] for n in names))]
+
+
+async def first(conn: asyncpg.Connection, sql: str, params: Mapping[str, Any] | None = None) -> Row | None:
+    """The first row ``sql`` returns, or None."""
+    statement, names = _statement(sql)
+    record = await conn.fetchrow(statement, *((params or {})[n] for n in names))
+    return None if record is None else Row(record)
+
+
+class LedgerError(Exception):
+    """A request the ledger refuses; ``status`` is the reply's status."""
+
+    status = 500
+
+
+class NotFound(LedgerError):
+    """The request names a run or resource that does not exist."""
+
+    status = 404
+
+
+class Conflict(LedgerError):
+    """The request contradicts the ledger's state (a held target, a disallowed transition)."""
+
+    status = 409
+
+
+@dataclass(frozen=True)
+class Change:
+    """One committed change, published afterwards as an update event on its run's subject."""
+
+    type: str
+    run: dict[str, Any]
+    resource: dict[str, Any] | None = None
+
+    def event(self) -> dict[str, Any]:
+        """The update event's payload."""
+        body: dict[str, Any] = {"type": self.type, "run": self.run}
+        if self.resource is not None:
+            body["resource"] = self.resource
+        return body
+
+
+def run_json(alias: str) -> str:
+    """SQL rendering the run row ``alias`` as its wire JSON."""
+    a = alias
+    return (f"json_build_object('runId', {a}.run_id, 'shard', {a}.shard, 'event', {a}.event, "
+            f"'status', {a}.status, 'cleanupStatus', {a}.cleanup_status, 'createdAt', {a}.created_at, "
+            f"'updatedAt', {a}.updated_at, 'endedAt', {a}.ended_at)")
+
+
+def resource_json(alias: str) -> str:
+    """SQL rendering the resource row ``alias`` as its wire JSON."""
+    a = alias
+    return (f"json_build_object('resourceId', {a}.id, 'runId', {a}.run_id, 'module', {a}.module, "
+            f"'kind', {a}.kind, 'ref', {a}.ref, 'status', {a}.status, 'attempts', {a}.attempts, "
+            f"'gaveUp', {a}.gave_up, 'leaseDeadline', {a}.lease_deadline, 'revert', {a}.revert, "
+            f"'idempotencyKey', {a}.idempotency_key, 'lastError', {a}.last_error, "
+            f"'createdAt', {a}.created_at, 'updatedAt', {a}.updated_at)")
+
+
+def changed_resources_select(source: str) -> str:
+    """SQL selecting ``(resource, run)`` JSON pairs for each row of the CTE ``source``."""
+    return (f"SELECT {resource_json('c')}::text AS resource, {run_json('r')}::text AS run "
+            f"FROM {source} c JOIN runs r ON r.run_id = c.run_id ORDER BY c.id")
+
+
+def as_json(value: Any) -> Any:
+    """A JSON column's value as Python (asyncpg hands untyped JSON back as text)."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def resource_changes(result: list[Any], kind: str) -> list[Change]:
+    """Turn ``(resource, run)`` rows into changes of type ``kind``."""
+    return [Change(kind, as_json(row.run), as_json(row.resource)) for row in result]
+
+
+async def resource_or_conflict(conn: asyncpg.Connection, resource_id: int, action: str,
+                               allowed: tuple[str, ...]) -> LedgerError:
+    """Why a guarded resource transition changed nothing: the row is missing, or in a status
+    the transition does not start from."""
+    row = await first(conn, "SELECT status FROM resources WHERE id = :id", {"id": resource_id})
+    if row is None:
+        return NotFound(f"no resource {resource_id}")
+    return Conflict(f"resource {resource_id} is {row.status}; {action} needs it to be "
+                    f"{' or '.join(allowed)}")
+
+
+async def run_or_not_found(conn: asyncpg.Connection, run_id: str) -> dict[str, Any]:
+    """The run's wire JSON, or NotFound."""
+    row = await first(conn, f"SELECT {run_json('r')}::text AS run FROM runs r WHERE run_id = :id", {"id": run_id})
+    if row is None:
+        raise NotFound(f"no run {run_id!r}")
+    return as_json(row.run)

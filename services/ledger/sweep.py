@@ -1,0 +1,184 @@
+"""What the cleanup service asks of the ledger: settle finished runs, find runs to sweep,
+claim rows for a give-back, record each outcome, finish a run's sweep, and retry a run a
+person has looked at. Claims use ``FOR UPDATE SKIP LOCKED`` so sweepers racing on one run
+take different rows; each outcome is a guarded transition from ``reverting``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from services.ledger import statuses
+from services.ledger.resources import transition
+from services.ledger.statuses import REVERTABLE, RUN_TERMINAL, UNRESOLVED
+from services.ledger.store import (Database, Change, Conflict, as_json, changed_resources_select, first, resource_changes,
+                                   resource_or_conflict, rows, run_json, run_or_not_found)
+from services.ledger.tables import ERROR_MAX
+
+_ACTIONABLE = ("((s.status = ANY(:revertable) AND s.attempts < :max_attempts AND NOT s.gave_up) "
+               "OR s.status = 'reverting')")
+"""SQL: a row of ``s`` a sweep can still act on (revertable with attempts left, or in flight)."""
+
+
+async def settle(db: Database) -> tuple[int, list[Change]]:
+    """Terminal runs whose cleanup is pending and that hold nothing unresolved become
+    ``complete`` (never over ``incomplete``)."""
+    async with db.connect() as conn:
+        result = await rows(conn, f"""
+            WITH changed AS (
+                UPDATE runs r SET cleanup_status = 'complete', updated_at = now()
+                WHERE r.status = ANY(:terminal) AND r.cleanup_status = 'pending'
+                  AND NOT EXISTS (SELECT 1 FROM resources s WHERE s.run_id = r.run_id AND s.status = ANY(:unresolved))
+                RETURNING *
+            ), logged AS (
+                INSERT INTO run_log (run_id, kind, detail)
+                SELECT run_id, 'cleanup.settled', '{{"by": "sweep"}}'::jsonb FROM changed
+            )
+            SELECT {run_json('c')}::text AS run FROM changed c""",
+                              {"terminal": list(RUN_TERMINAL), "unresolved": list(UNRESOLVED)})
+    return len(result), [Change("cleanup.settled", as_json(row.run)) for row in result]
+
+
+async def candidates(db: Database, limit: int) -> list[str]:
+    """Terminal runs whose cleanup is pending and that still hold unresolved rows, oldest
+    change first (a run whose rows are all beyond the sweep is a candidate too, so that its
+    finish marks it ``incomplete``)."""
+    async with db.connect() as conn:
+        result = await rows(conn, """
+            SELECT r.run_id FROM runs r
+            WHERE r.status = ANY(:terminal) AND r.cleanup_status = 'pending'
+              AND EXISTS (SELECT 1 FROM resources s WHERE s.run_id = r.run_id AND s.status = ANY(:unresolved))
+            ORDER BY r.updated_at, r.run_id LIMIT :limit""",
+                              {"terminal": list(RUN_TERMINAL), "unresolved": list(UNRESOLVED), "limit": limit})
+    return [row.run_id for row in result]
+
+
+async def claim(db: Database, run_id: str, max_attempts: int, limit: int,
+                claim_timeout_s: float) -> tuple[list[dict], list[Change]]:
+    """Take up to ``limit`` of the run's rows for a give-back: revertable rows with attempts
+    left, and ``reverting`` rows whose claim is older than ``claim_timeout_s`` (a sweeper
+    died). Each remembers the status it had, for a transient failure to return to."""
+    async with db.connect() as conn:
+        run = await run_or_not_found(conn, run_id)
+        if run["status"] not in RUN_TERMINAL:
+            raise Conflict(f"run {run_id!r} is {run['status']}; its resources are given back only once it is over")
+        result = await rows(conn, f"""
+            WITH picked AS (
+                SELECT s.id FROM resources s
+                WHERE s.run_id = :run_id AND (
+                    (s.status = ANY(:revertable) AND s.attempts < :max_attempts AND NOT s.gave_up)
+                    OR (s.status = 'reverting' AND s.claimed_at < now() - make_interval(secs => :timeout)))
+                ORDER BY s.id LIMIT :limit FOR UPDATE SKIP LOCKED
+            ), changed AS (
+                UPDATE resources s SET status = 'reverting', claimed_at = now(), updated_at = now(),
+                       previous_status = CASE WHEN s.status = 'reverting' THEN s.previous_status ELSE s.status END
+                FROM picked WHERE s.id = picked.id
+                RETURNING s.*
+            ), logged AS (
+                INSERT INTO run_log (run_id, resource_id, kind, detail)
+                SELECT run_id, id, 'cleanup.claimed', jsonb_build_object('from', previous_status) FROM changed
+            )
+            {changed_resources_select('changed')}""",
+                              {"run_id": run_id, "revertable": list(REVERTABLE), "max_attempts": max_attempts,
+                               "timeout": float(claim_timeout_s), "limit": limit})
+    changes = resource_changes(result, "cleanup.claimed")
+    return [change.resource for change in changes], changes
+
+
+async def reverted(db: Database, resource_id: int) -> tuple[dict, list[Change]]:
+    """The give-back succeeded: ``reverting → reverted``."""
+    return await transition(db, resource_id, statuses.REVERTED)
+
+
+async def drifted(db: Database, resource_id: int, error: str | None) -> tuple[dict, list[Change]]:
+    """Somebody changed it deliberately: ``reverting → drifted``, left alone from now on."""
+    return await transition(db, resource_id, statuses.DRIFTED, error)
+
+
+async def failed(db: Database, resource_id: int, error: str, transient: bool) -> tuple[dict, list[Change]]:
+    """The give-back failed: back to the status before the claim with ``attempts + 1``; a
+    refusal (not transient) also spends the row's attempts."""
+    step = statuses.FAILED
+    async with db.connect() as conn:
+        result = await rows(conn, f"""
+            WITH changed AS (
+                UPDATE resources SET status = COALESCE(previous_status, 'confirmed'), previous_status = NULL,
+                       attempts = attempts + 1, gave_up = gave_up OR NOT :transient, last_error = :error,
+                       claimed_at = NULL, updated_at = now()
+                WHERE id = :id AND status = ANY(:allowed)
+                RETURNING *
+            ), logged AS (
+                INSERT INTO run_log (run_id, resource_id, kind, detail)
+                SELECT run_id, id, :log_kind, jsonb_build_object('error', last_error, 'transient', :transient,
+                                                                 'attempts', attempts)
+                FROM changed
+            )
+            {changed_resources_select('changed')}""",
+                              {"id": resource_id, "allowed": list(step.allowed), "transient": transient,
+                               "error": error[:ERROR_MAX], "log_kind": step.log_kind})
+        if not result:
+            raise await resource_or_conflict(conn, resource_id, "a failed give-back", step.allowed)
+    changes = resource_changes(result, step.log_kind)
+    return changes[0].resource, changes
+
+
+async def finish(db: Database, run_id: str, max_attempts: int,
+                 summary: dict[str, Any]) -> tuple[dict, list[Change]]:
+    """End a sweep of the run: log ``cleanup.swept`` with ``summary``, then its cleanup is
+    ``complete`` with nothing unresolved, ``incomplete`` when nothing left is within the
+    sweep's reach (drifted, refused, attempts spent), else it stays ``pending``."""
+    async with db.connect() as conn:
+        run = await run_or_not_found(conn, run_id)
+        if run["status"] not in RUN_TERMINAL:
+            raise Conflict(f"run {run_id!r} is {run['status']}; a sweep finishes only a run that is over")
+        row = await first(conn, f"""
+            WITH left_over AS (
+                SELECT count(*) FILTER (WHERE s.status = ANY(:unresolved)) AS unresolved,
+                       count(*) FILTER (WHERE {_ACTIONABLE}) AS actionable
+                FROM resources s WHERE s.run_id = :run_id
+            ), changed AS (
+                UPDATE runs r SET updated_at = now(),
+                       cleanup_status = CASE WHEN left_over.unresolved = 0 THEN 'complete'
+                                             WHEN left_over.actionable = 0 THEN 'incomplete'
+                                             ELSE 'pending' END
+                FROM left_over WHERE r.run_id = :run_id AND r.cleanup_status = 'pending'
+                RETURNING r.*
+            ), logged AS (
+                INSERT INTO run_log (run_id, kind, detail)
+                SELECT :run_id, 'cleanup.swept', CAST(:summary AS jsonb) || jsonb_build_object(
+                    'unresolved', left_over.unresolved, 'actionable', left_over.actionable,
+                    'cleanupStatus', COALESCE((SELECT cleanup_status FROM changed), :before))
+                FROM left_over
+            )
+            SELECT (SELECT {run_json('c')}::text FROM changed c) AS run""",
+                          {"run_id": run_id, "unresolved": list(UNRESOLVED), "revertable": list(REVERTABLE),
+                           "max_attempts": max_attempts, "summary": json.dumps(summary),
+                           "before": run["cleanupStatus"]})
+    after = as_json(row.run) if row.run is not None else run
+    return after, [Change("cleanup.swept", after)]
+
+
+async def retry(db: Database, run_id: str) -> tuple[dict, list[Change]]:
+    """A person's retry of an ``incomplete`` run: attempts reset, cleanup back to ``pending``."""
+    async with db.connect() as conn:
+        row = await first(conn, f"""
+            WITH changed AS (
+                UPDATE runs SET cleanup_status = 'pending', updated_at = now()
+                WHERE run_id = :run_id AND cleanup_status = 'incomplete'
+                RETURNING *
+            ), reset AS (
+                UPDATE resources SET attempts = 0, gave_up = false, updated_at = now()
+                WHERE run_id IN (SELECT run_id FROM changed) AND status = ANY(:unresolved)
+                RETURNING id
+            ), logged AS (
+                INSERT INTO run_log (run_id, kind, detail)
+                SELECT run_id, 'cleanup.retried', jsonb_build_object('reset', (SELECT count(*) FROM reset))
+                FROM changed
+            )
+            SELECT {run_json('c')}::text AS run FROM changed c""",
+                          {"run_id": run_id, "unresolved": list(UNRESOLVED)})
+        if row is None:
+            run = await run_or_not_found(conn, run_id)
+            raise Conflict(f"run {run_id!r} cleanup is {run['cleanupStatus']}; only an incomplete cleanup is retried")
+    run = as_json(row.run)
+    return run, [Change("cleanup.retried", run)]

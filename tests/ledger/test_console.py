@@ -1,0 +1,87 @@
+"""Reads (the run console, runs by status, a module's live rows) and the update events a
+website subscribes to instead of polling."""
+
+from __future__ import annotations
+
+import json
+
+from shared import subjects
+from tests.ledger.conftest import next_message
+
+
+async def test_the_console_shows_the_run_its_rows_counts_and_unresolved_with_pending_placeholders(ledger, unique):
+    run = f"r{unique}"
+    await ledger.run(run, "running")
+    await ledger.record(run, "c1")
+    await ledger.record(run, "c2", reserve=True)
+    await ledger.record(run, "c3")
+    await ledger.ask(subjects.ledger_expired("world"), kind="creature", ref="c3")
+    console = await ledger.console(run)
+    assert console["status"] == 200 and console["run"]["runId"] == run
+    assert [r["ref"] for r in console["resources"]] == ["c1", "c2", "c3"]
+    assert console["counts"] == {"pending": 1, "confirmed": 1, "reverting": 0, "reverted": 0,
+                                 "orphaned": 0, "drifted": 0, "expired": 1}
+    assert console["unresolved"] == 2
+
+
+async def test_the_console_of_a_run_with_no_rows_is_empty_not_missing(ledger, unique):
+    await ledger.run(f"r{unique}")
+    console = await ledger.console(f"r{unique}")
+    assert console["resources"] == [] and console["unresolved"] == 0
+
+
+async def test_the_console_of_an_unknown_run_is_not_found(ledger, unique):
+    reply = await ledger.console(f"nope{unique}")
+    assert reply["status"] == 404 and f"nope{unique}" in reply["error"]
+
+
+async def test_runs_are_listed_by_status_and_cleanup_status(ledger, unique):
+    await ledger.run(f"a{unique}", "running")
+    await ledger.run(f"b{unique}", "completed")
+    await ledger.run(f"c{unique}", "completed")
+    await ledger.ask(subjects.LEDGER_SWEEP_SETTLE)
+    await ledger.run(f"d{unique}", "completed")
+    running = await ledger.ask(subjects.LEDGER_RUNS, status="running")
+    assert [r["runId"] for r in running["runs"]] == [f"a{unique}"]
+    pending = await ledger.ask(subjects.LEDGER_RUNS, status="completed", cleanupStatus="pending")
+    assert [r["runId"] for r in pending["runs"]] == [f"d{unique}"]
+    assert len((await ledger.ask(subjects.LEDGER_RUNS, limit=2))["runs"]) == 2
+
+
+async def test_live_rows_are_the_modules_pending_and_confirmed_rows(ledger, unique):
+    run = f"r{unique}"
+    await ledger.run(run, "running")
+    await ledger.record(run, "c1", module="lease")
+    await ledger.record(run, "c2", module="lease", reserve=True)
+    await ledger.record(run, "c3", module="lease")
+    await ledger.record(run, "c4", module="world")
+    await ledger.ask(subjects.ledger_expired("lease"), kind="creature", ref="c3")
+    live = await ledger.ask(subjects.LEDGER_LIVE, module="lease")
+    assert [(r["ref"], r["status"]) for r in live["resources"]] == [("c1", "confirmed"), ("c2", "pending")]
+
+
+async def test_every_change_is_published_on_the_runs_event_subject_after_commit(ledger, nc, db, unique):
+    run = f"r{unique}"
+    sub = await nc.subscribe(subjects.ledger_run_events(run))
+    await ledger.run(run, "running")
+    row = (await ledger.record(run, "c1", reserve=True))["resource"]
+    await ledger.ask(subjects.LEDGER_RESOURCE_CONFIRM, resourceId=row["resourceId"])
+    await ledger.ask(subjects.ledger_expired("world"), kind="creature", ref="c1")
+    events = [json.loads((await next_message(sub)).data) for _ in range(5)]
+    assert [e["type"] for e in events] == ["run.created", "run.status", "resource.recorded",
+                                           "resource.confirmed", "resource.expired"]
+    assert events[-1]["resource"]["status"] == "expired" and events[-1]["run"]["runId"] == run
+    # What the event says is what the database holds.
+    assert await db.fetchval("SELECT status FROM resources WHERE id = $1", row["resourceId"]) == "expired"
+    await sub.unsubscribe()
+
+
+async def test_a_refused_request_publishes_no_event(ledger, nc, unique):
+    run = f"r{unique}"
+    await ledger.run(run, "completed")
+    sub = await nc.subscribe(subjects.ledger_run_events(run))
+    assert (await ledger.ask(subjects.LEDGER_RUN_STATUS, runId=run, status="running"))["status"] == 409
+    assert (await ledger.record(run, "c1", reserve=True))["status"] == 409
+    await nc.flush()
+    assert sub.pending_msgs == 0
+    await sub.unsubscribe()
