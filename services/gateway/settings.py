@@ -18,9 +18,33 @@ class GatewaySettings(CommonSettings):
                             description="TCP port shards dial (0 picks a free one).")
     shard_token: SecretStr = Field(default=SecretStr(""),
                                    description="Token every shard must present in server.hello.")
+    shard_tokens: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description="Per-shard tokens as JSON (e.g. {\"uo1\": \"…\"}); a shard listed here must "
+        "present its own token, any other shard the common one.")
     max_line_bytes: int = Field(default=1024 * 1024, ge=1024,
                                 description="Longest line a shard may send; longer ones are refused.")
     hello_timeout_s: float = Field(default=10.0, gt=0,
                                    description="Time a new connection has to send server.hello.")
+    ping_every_s: float = Field(default=10.0, gt=0,
+                                description="How often the gateway pings a connected shard.")
+    silence_timeout_s: float = Field(default=35.0, gt=0,
+                                     description="A shard silent this long (no line at all) is disconnected.")
     frames_stream: str = Field(default="SHARD_FRAMES",
                                description="JetStream stream that keeps every frame.")
+    deadletter_stream: str = Field(default="SHARD_DEADLETTER",
+                                   description="JetStream stream that keeps lines that could not be frames.")
+    duplicate_window_s: float = Field(default=120.0, gt=0,
+                                      description="JetStream de-duplication window of the frames stream.")
+    publish_window: int = Field(default=256, ge=1, le=4000,
+                                description="JetStream acknowledgements in flight per shard.")
+    publish_ack_timeout_s: float = Field(default=5.0, gt=0,
+                                         description="How long one JetStream acknowledgement may take "
+                                         "before the frame is published again.")
+    buffer_frames: int = Field(default=10_000, ge=1,
+                               description="Frames buffered per shard while NATS is away; when full "
+                               "the gateway stops reading from the shard (back-pressure).")
+    command_timeout_s: float = Field(default=5.0, gt=0,
+                                     description="How long the shard has to answer a command (then 504).")
+    board_bucket_prefix: str = Field(default="BOARD",
+                                     description="Key-value buckets are named <prefix>_<BOARD>.")

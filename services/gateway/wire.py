@@ -1,15 +1,23 @@
 """The shard wire: newline-delimited JSON, one object per line, with a cap on line length
-enforced while reading (an over-long line is never held whole)."""
+enforced while reading (an over-long line is never held whole), the ``server.hello`` check,
+and the sorting of each line into a frame or a dead letter."""
 
 from __future__ import annotations
 
 import asyncio
 import hmac
 import json
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from shared.subjects import is_shard_id
+
+MAX_KIND_CHARS = 128
+"""Longest ``kind`` that may become a subject tail."""
+
+_SAFE_KIND = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 
 
 class LineTooLong(Exception):
@@ -38,6 +46,55 @@ async def read_line(reader: asyncio.StreamReader, cap: int) -> bytes | None:
     return line.rstrip(b"\n").rstrip(b"\r")
 
 
+def parse_object(line: bytes) -> tuple[dict[str, Any] | None, str]:
+    """The line as a JSON object, or None and the reason it is not one."""
+    try:
+        value = json.loads(line)
+    except RecursionError:
+        return None, "malformed JSON: nested too deeply"
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, huge integers
+        return None, f"malformed JSON: {exc.__class__.__name__}"
+    if not isinstance(value, dict):
+        return None, f"not a JSON object ({type(value).__name__})"
+    return value, ""
+
+
+def is_safe_kind(kind: object) -> bool:
+    """True when ``kind`` may be a subject tail: dot-separated tokens of letters, digits,
+    ``_`` and ``-`` (no wildcards, whitespace, empty tokens or other characters), not too long."""
+    return isinstance(kind, str) and len(kind) <= MAX_KIND_CHARS and _SAFE_KIND.match(kind) is not None
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A line the gateway publishes: its bytes, its kind and its parsed object."""
+
+    data: bytes
+    kind: str
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A line that cannot be a frame, and why."""
+
+    data: bytes
+    reason: str
+
+
+def sort_line(line: bytes) -> Frame | DeadLetter:
+    """A frame when the line is a JSON object with a safe ``kind``, else a dead letter."""
+    body, problem = parse_object(line)
+    if body is None:
+        return DeadLetter(line, problem)
+    if "kind" not in body:
+        return DeadLetter(line, "frame has no kind")
+    kind = body["kind"]
+    if not is_safe_kind(kind):
+        return DeadLetter(line, f"kind is not a safe subject tail: {str(kind)[:80]!r}")
+    return Frame(line, kind, body)
+
+
 @dataclass(frozen=True)
 class Hello:
     """A shard's accepted ``server.hello``."""
@@ -46,13 +103,14 @@ class Hello:
     protocol: int
 
 
-def check_hello(line: bytes, expected_token: str) -> Hello:
-    """Parse the first line; HelloRefused names what is wrong (never the token's value)."""
-    try:
-        frame: Any = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise HelloRefused(f"first line is not JSON: {exc.__class__.__name__}") from None
-    if not isinstance(frame, dict) or frame.get("kind") != "server.hello":
+def check_hello(line: bytes, token_for: Callable[[str], str] | str) -> Hello:
+    """Parse the first line; HelloRefused names what is wrong (never the token's value).
+
+    ``token_for`` gives the token configured for a shard id (or is one token for all)."""
+    frame, problem = parse_object(line)
+    if frame is None:
+        raise HelloRefused(f"first line is not a JSON object: {problem}")
+    if frame.get("kind") != "server.hello":
         raise HelloRefused("first line must be a server.hello object")
     shard = frame.get("shard")
     if not is_shard_id(shard):
@@ -60,7 +118,8 @@ def check_hello(line: bytes, expected_token: str) -> Hello:
     protocol = frame.get("protocol")
     if not isinstance(protocol, int) or isinstance(protocol, bool):
         raise HelloRefused("server.hello: protocol must be an integer")
+    expected = token_for if isinstance(token_for, str) else token_for(shard)
     token = frame.get("token")
-    if not isinstance(token, str) or not hmac.compare_digest(token.encode(), expected_token.encode()):
+    if not isinstance(token, str) or not hmac.compare_digest(token.encode(), expected.encode()):
         raise HelloRefused("server.hello: wrong or missing token")
     return Hello(shard=shard, protocol=protocol)

@@ -1,0 +1,310 @@
+"""Benchmark: the gateway's ingest rate, its frame latency, and its command round trips.
+
+From one run against one nats-server (JetStream, file store) and a real ``shardbus run
+gateway`` process, each figure beside a raw baseline measured in the same run:
+
+1. ingest: frames/s from one shard connection until a JetStream subscriber has received all
+   of them (``ingest_frames_per_s``), beside nats-py publishing the same lines straight to
+   JetStream with message ids and a window of acknowledgements, no gateway
+   (``raw_publish_per_s``); the ratio is the figure (target >= 0.30);
+2. latency: p50/p99 shard → subscriber at a steady 1,000 frames/s (target p99 <= 5 ms);
+3. commands: round trips/s and p50/p99 through the gateway and the shard simulator
+   (``shardbus shard-sim``, its own process) with 64 concurrent callers, beside raw NATS
+   request/reply to an echo responder in its own process (target ``command_p50_ratio`` <= 2.5).
+
+Run alone: ``python bench/gateway.py [--frames N]``; writes ``bench/results/gateway.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import nats  # noqa: E402
+
+from shardbus import embedded  # noqa: E402
+from shared import subjects  # noqa: E402
+
+TOKEN = "bench-token-0000"
+"""The shard token of the benchmark's gateway."""
+
+CALLERS = 64
+"""Concurrent command callers (gateway and raw alike)."""
+
+COMMANDS = 5000
+"""Command round trips measured per phase."""
+
+LATENCY_FRAMES = 3000
+"""Frames sent at 1,000 frames/s for the latency phase (3 s)."""
+
+PAD = "x" * 60
+"""Filler so a frame is about 120 bytes, like a small game event."""
+
+
+def frame_line(kind: str, i: int) -> bytes:
+    return b'{"t":%d,"kind":"%s","i":%d,"pad":"%s"}' % (int(time.time() * 1000), kind.encode(), i, PAD.encode())
+
+
+def start_gateway(workdir: Path, nats_url: str) -> tuple[subprocess.Popen, int]:
+    """A real gateway process on a free port; returns it and its shard port."""
+    log_path = workdir / "gateway.log"
+    env = {**os.environ, "SHARDBUS_NATS_URL": nats_url, "SHARDBUS_SHARD_TOKEN": TOKEN,
+           "SHARDBUS_SHARD_PORT": "0", "SHARDBUS_LOG_LEVEL": "INFO"}
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "shardbus", "run", "gateway"], env=env, cwd=ROOT,
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for line in log_path.read_text(errors="replace").splitlines():
+            if '"listening for shards"' in line:
+                return proc, int(json.loads(line)["addr"].rsplit(":", 1)[1])
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    embedded.stop_process(proc)
+    raise RuntimeError(f"gateway did not start:\n{log_path.read_text()[-2000:]}")
+
+
+async def count_stored(nc: nats.NATS, subject: str, expect: int) -> tuple[asyncio.Event, list[int]]:
+    """A JetStream (ordered consumer) subscriber that sets the event once ``expect`` arrived."""
+    done, seen = asyncio.Event(), [0]
+
+    async def on_msg(msg) -> None:
+        seen[0] += 1
+        if seen[0] >= expect:
+            done.set()
+
+    await nc.jetstream().subscribe(subject, ordered_consumer=True, cb=on_msg)
+    return done, seen
+
+
+async def dial(port: int, shard: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    hello = {"t": 1, "kind": "server.hello", "shard": shard, "protocol": 7, "token": TOKEN}
+    writer.write(json.dumps(hello).encode() + b"\n")
+    await writer.drain()
+    return reader, writer
+
+
+async def ingest(nats_url: str, port: int, frames: int) -> float:
+    """Frames/s from one shard connection until a JetStream subscriber holds them all."""
+    nc = await nats.connect(nats_url)
+    shard = f"ing{uuid.uuid4().hex[:8]}"
+    done, _ = await count_stored(nc, subjects.frame(shard, "bench.frame"), frames)
+    lines = [frame_line("bench.frame", i) + b"\n" for i in range(frames)]
+    reader, writer = await dial(port, shard)
+    started = time.perf_counter()
+    for i in range(0, frames, 1000):
+        writer.write(b"".join(lines[i:i + 1000]))
+        await writer.drain()
+    await asyncio.wait_for(done.wait(), 300)
+    elapsed = time.perf_counter() - started
+    writer.close()
+    await nc.close()
+    return frames / elapsed
+
+
+async def raw_publish(nats_url: str, frames: int) -> float:
+    """The same lines published by nats-py to JetStream directly (message ids, windowed acks)."""
+    nc = await nats.connect(nats_url)
+    sub_nc = await nats.connect(nats_url)
+    shard = f"raw{uuid.uuid4().hex[:8]}"
+    subject = subjects.frame(shard, "bench.frame")
+    done, _ = await count_stored(sub_nc, subject, frames)
+    js = nc.jetstream(publish_async_max_pending=256)
+    lines = [frame_line("bench.frame", i) for i in range(frames)]
+    started = time.perf_counter()
+    for i, line in enumerate(lines):
+        await js.publish_async(subject, line, headers={"Nats-Msg-Id": f"{shard}.{i}"})
+    await asyncio.wait_for(done.wait(), 300)
+    elapsed = time.perf_counter() - started
+    await nc.close()
+    await sub_nc.close()
+    return frames / elapsed
+
+
+async def latency_at_1k(nats_url: str, port: int) -> tuple[float, float]:
+    """p50/p99 ms from the shard writing a frame to a live subscriber receiving it."""
+    nc = await nats.connect(nats_url)
+    shard = f"lat{uuid.uuid4().hex[:8]}"
+    sent: dict[int, int] = {}
+    latencies: list[float] = []
+    done = asyncio.Event()
+
+    async def on_msg(msg) -> None:
+        i = json.loads(msg.data)["i"]
+        latencies.append((time.perf_counter_ns() - sent[i]) / 1e6)
+        if len(latencies) >= LATENCY_FRAMES:
+            done.set()
+
+    await nc.subscribe(subjects.frame(shard, "bench.lat"), cb=on_msg)
+    await nc.flush()
+    reader, writer = await dial(port, shard)
+    await asyncio.sleep(0.5)
+    started = time.perf_counter()
+    for i in range(LATENCY_FRAMES):
+        delay = started + i / 1000 - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        sent[i] = time.perf_counter_ns()
+        writer.write(frame_line("bench.lat", i) + b"\n")
+    await asyncio.wait_for(done.wait(), 60)
+    writer.close()
+    await nc.close()
+    q = statistics.quantiles(latencies, n=100)
+    return statistics.median(latencies), q[98]
+
+
+async def round_trips(request, count: int) -> tuple[float, float, float]:
+    """``count`` requests by CALLERS concurrent callers: per second, p50 ms, p99 ms."""
+    times: list[float] = []
+    remaining = [count]
+
+    async def caller() -> None:
+        while remaining[0] > 0:
+            remaining[0] -= 1
+            t0 = time.perf_counter()
+            await request()
+            times.append((time.perf_counter() - t0) * 1000)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(CALLERS)))
+    elapsed = time.perf_counter() - started
+    q = statistics.quantiles(times, n=100)
+    return count / elapsed, statistics.median(times), q[98]
+
+
+ECHO_RESPONDER = """
+import asyncio, sys, nats
+async def main():
+    nc = await nats.connect(sys.argv[1])
+    async def echo(msg):
+        await msg.respond(msg.data)
+    await nc.subscribe(sys.argv[2], cb=echo)
+    await nc.flush()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+"""The raw baseline's responder: a process of its own, as the shard simulator is."""
+
+
+async def commands(nats_url: str, port: int) -> tuple[float, float, float]:
+    nc = await nats.connect(nats_url)
+    shard = f"cmd{uuid.uuid4().hex[:8]}"
+    sim = subprocess.Popen([sys.executable, "-m", "shardbus", "shard-sim", "--addr", f"127.0.0.1:{port}",
+                            "--shard", shard], cwd=ROOT, env={**os.environ, "SHARDBUS_SHARD_TOKEN": TOKEN},
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    subject = subjects.command(shard, "item.catalog")
+    try:
+        async with asyncio.timeout(30):
+            while True:
+                try:
+                    await nc.request(subject, b"{}", timeout=2)
+                    break
+                except nats.errors.NoRespondersError:
+                    await asyncio.sleep(0.1)
+        return await _command_rounds(nc, subject)
+    finally:
+        embedded.stop_process(sim)
+        await nc.close()
+
+
+async def _command_rounds(nc: nats.NATS, subject: str) -> tuple[float, float, float]:
+
+    async def request() -> None:
+        reply = json.loads((await nc.request(subject, b"{}", timeout=10)).data)
+        assert reply["status"] == 200, reply
+
+    await round_trips(request, 500)  # warm-up
+    return await round_trips(request, COMMANDS)
+
+
+async def raw_requests(nats_url: str) -> tuple[float, float, float]:
+    nc = await nats.connect(nats_url)
+    subject = f"bench.echo.{uuid.uuid4().hex[:8]}"
+    responder = subprocess.Popen([sys.executable, "-c", ECHO_RESPONDER, nats_url, subject],
+                                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    await asyncio.to_thread(responder.stdout.readline)
+    await asyncio.sleep(0.1)
+
+    async def request() -> None:
+        await nc.request(subject, b"{}", timeout=10)
+
+    try:
+        await round_trips(request, 500)
+        return await round_trips(request, COMMANDS)
+    finally:
+        embedded.stop_process(responder)
+        await nc.close()
+
+
+async def measure(nats_url: str, port: int, frames: int) -> dict[str, float]:
+    raw_rate = await raw_publish(nats_url, frames)
+    print(f"raw JetStream publish:  {raw_rate:10.0f} frames/s")
+    ingest_rate = await ingest(nats_url, port, frames)
+    print(f"gateway ingest:         {ingest_rate:10.0f} frames/s  ({ingest_rate / raw_rate:.2f} of raw)")
+    p50, p99 = await latency_at_1k(nats_url, port)
+    print(f"latency at 1,000 f/s:   p50 {p50:.2f} ms  p99 {p99:.2f} ms")
+    raw_rps, raw_p50, raw_p99 = await raw_requests(nats_url)
+    print(f"raw request/reply:      {raw_rps:10.0f} /s  p50 {raw_p50:.2f} ms  p99 {raw_p99:.2f} ms")
+    cmd_rps, cmd_p50, cmd_p99 = await commands(nats_url, port)
+    print(f"gateway commands:       {cmd_rps:10.0f} /s  p50 {cmd_p50:.2f} ms  p99 {cmd_p99:.2f} ms"
+          f"  ({cmd_p50 / raw_p50:.2f}x raw p50)")
+    return {
+        "frames": frames,
+        "ingest_frames_per_s": round(ingest_rate, 1),
+        "raw_publish_per_s": round(raw_rate, 1),
+        "ingest_ratio": round(ingest_rate / raw_rate, 3),
+        "latency_p50_ms_at_1k": round(p50, 3),
+        "latency_p99_ms_at_1k": round(p99, 3),
+        "command_round_trips_per_s": round(cmd_rps, 1),
+        "command_p50_ms": round(cmd_p50, 3),
+        "command_p99_ms": round(cmd_p99, 3),
+        "raw_request_per_s": round(raw_rps, 1),
+        "raw_request_p50_ms": round(raw_p50, 3),
+        "raw_request_p99_ms": round(raw_p99, 3),
+        "command_p50_ratio": round(cmd_p50 / raw_p50, 3),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--frames", type=int, default=200_000, help="frames in the ingest phase")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
+        workdir = Path(tmp)
+        server = embedded.start_nats(workdir / "nats")
+        gateway = None
+        try:
+            gateway, port = start_gateway(workdir, server.url)
+            results = asyncio.run(measure(server.url, port, args.frames))
+        finally:
+            if gateway is not None:
+                embedded.stop_process(gateway)
+            server.stop()
+    targets = {"ingest_ratio": results["ingest_ratio"] >= 0.30,
+               "latency_p99_ms_at_1k": results["latency_p99_ms_at_1k"] <= 5.0,
+               "command_p50_ratio": results["command_p50_ratio"] <= 2.5}
+    results["targets_met"] = targets
+    out = ROOT / "bench" / "results" / "gateway.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"targets met: {targets}\nwrote {out.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

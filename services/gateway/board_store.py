@@ -1,0 +1,153 @@
+"""The boards' key-value I/O: one JetStream bucket per board, writes queued per shard (in
+order, retried while NATS is away), board reads on ``shard.<shard>.board.<name>``, and news
+added by the website (stored, announced, replayed after each hello)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import KeyValueConfig
+from nats.js.kv import KeyValue
+
+from services.gateway.boards import BOARDS, bucket_name, fold, item_key
+from shared import subjects
+
+log = logging.getLogger("shardbus.gateway.boards")
+
+WRITE_QUEUE = 10_000
+"""Board writes buffered per shard; when full the shard's reader waits (back-pressure)."""
+
+RETRY_PAUSE_S = 0.2
+"""Pause before a failed board write is tried again."""
+
+READ_TIMEOUT_S = 5.0
+"""Longest a board read waits for the bucket."""
+
+
+class BoardStore:
+    """Every board of every shard, as key-value buckets."""
+
+    def __init__(self, nc: Client, prefix: str) -> None:
+        self.nc, self.js, self.prefix = nc, nc.jetstream(), prefix
+        self.buckets: dict[str, KeyValue] = {}
+        self.queues: dict[str, asyncio.Queue[tuple[str, str, str, Any]]] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.subscriptions: list[Any] = []
+
+    async def declare(self) -> None:
+        """Create (or open) one bucket per board."""
+        for board in BOARDS:
+            name = bucket_name(self.prefix, board)
+            try:
+                self.buckets[board] = await self.js.key_value(name)
+            except Exception:
+                self.buckets[board] = await self.js.create_key_value(KeyValueConfig(bucket=name, history=1))
+
+    async def serve(self) -> None:
+        """Answer board reads and news additions (queue groups: any replica will do)."""
+        self.subscriptions.append(await self.nc.subscribe(subjects.BOARD_WILDCARD, queue="gateway-boards",
+                                                          cb=self._on_board_read))
+        self.subscriptions.append(await self.nc.subscribe(subjects.NEWS_ADD_WILDCARD, queue="gateway-news",
+                                                          cb=self._on_news_add))
+
+    async def stop(self) -> None:
+        for sub in self.subscriptions:
+            try:
+                await sub.unsubscribe()
+            except Exception:
+                pass
+        for task in self.tasks.values():
+            task.cancel()
+
+    # --- writes -----------------------------------------------------------------------
+
+    async def write(self, shard: str, ops: list[tuple[str, str, str, Any]]) -> None:
+        """Queue writes of ``shard`` (in order); waits while that shard's queue is full."""
+        if not ops:
+            return
+        if shard not in self.queues:
+            self.queues[shard] = asyncio.Queue(maxsize=WRITE_QUEUE)
+            self.tasks[shard] = asyncio.create_task(self._writer(self.queues[shard]))
+        for op in ops:
+            await self.queues[shard].put(op)
+
+    async def _writer(self, queue: asyncio.Queue[tuple[str, str, str, Any]]) -> None:
+        while True:
+            action, board, key, value = await queue.get()
+            while True:
+                try:
+                    if action == "put":
+                        await self.buckets[board].put(key, json.dumps(value, ensure_ascii=False).encode())
+                    else:
+                        await self.buckets[board].delete(key)
+                    break
+                except Exception as exc:
+                    log.warning("board write failed; retrying", extra={"board": board, "reason": repr(exc)})
+                    await asyncio.sleep(RETRY_PAUSE_S)
+
+    def pending(self, shard: str) -> int:
+        """Board writes of ``shard`` not yet done."""
+        queue = self.queues.get(shard)
+        return queue.qsize() if queue else 0
+
+    # --- reads ------------------------------------------------------------------------
+
+    async def read(self, shard: str, board: str) -> list[dict[str, Any]]:
+        """A whole board of ``shard``, in board order."""
+        watcher = await self.buckets[board].watch(f"{shard}.>", ignore_deletes=True)
+        entries: dict[str, Any] = {}
+        try:
+            while (entry := await watcher.updates(timeout=READ_TIMEOUT_S)) is not None:
+                if entry.value:
+                    entries[entry.key[len(shard) + 1:]] = json.loads(entry.value)
+        finally:
+            await watcher.stop()
+        return fold(board, entries)
+
+    async def _on_board_read(self, msg: Msg) -> None:
+        _, shard, _, board = msg.subject.split(".", 3)
+        if board not in self.buckets:
+            reply: dict[str, Any] = {"status": 404, "error": f"no board named {board!r}; boards: "
+                                                             f"{', '.join(sorted(self.buckets))}"}
+        else:
+            try:
+                reply = {"status": 200, "items": await self.read(shard, board)}
+            except Exception as exc:
+                log.warning("board read failed", extra={"board": board, "reason": repr(exc)})
+                reply = {"status": 503, "error": f"board {board} could not be read now; try again"}
+        await msg.respond(json.dumps(reply, ensure_ascii=False).encode())
+
+    # --- news -------------------------------------------------------------------------
+
+    async def _on_news_add(self, msg: Msg) -> None:
+        shard = msg.subject.split(".")[1]
+        try:
+            item = json.loads(msg.data or b"{}")
+        except (ValueError, RecursionError):
+            item = None
+        news_id = item.get("id") if isinstance(item, dict) else None
+        if not isinstance(item, dict):
+            reply: dict[str, Any] = {"status": 400, "error": "body must be a JSON object"}
+        elif isinstance(news_id, bool) or not isinstance(news_id, (int, str)) or not str(news_id).isalnum():
+            reply = {"status": 400, "error": "id is required: letters and digits naming the news item"}
+        else:
+            await self.buckets["news"].put(item_key(shard, str(news_id), "item"),
+                                           json.dumps(item, ensure_ascii=False).encode())
+            await self.nc.publish(subjects.news_announce(shard), json.dumps(item).encode())
+            reply = {"status": 200, "item": item}
+        await msg.respond(json.dumps(reply, ensure_ascii=False).encode())
+
+    async def news_lines(self, shard: str, announce: bool) -> list[bytes]:
+        """Every stored news item of ``shard`` as lines for the shard."""
+        return [news_line(item, announce) for item in await self.read(shard, "news")]
+
+
+def news_line(item: dict[str, Any], announce: bool) -> bytes:
+    """One news item as the line the shard receives."""
+    return json.dumps({**item, "kind": "news.item", "announce": announce},
+                      ensure_ascii=False, separators=(",", ":")).encode() + b"\n"

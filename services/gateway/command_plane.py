@@ -1,0 +1,63 @@
+"""Commands from NATS to a shard: validating a request's body and turning it into the one
+line the shard receives. Pure; the wiring that waits for the answer is in ``links.py``."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from services.gateway.reply_mapping import plane
+from services.gateway.wire import is_safe_kind
+
+PROTOCOL_HEADER = "Shard-Protocol"
+"""Request header in which a caller may state the protocol version it expects (else 409)."""
+
+
+class CommandRejected(Exception):
+    """The gateway answers the command itself, without asking the shard."""
+
+    def __init__(self, status: int, error: str) -> None:
+        super().__init__(error)
+        self.status = status
+        self.error = error
+
+
+def new_req_id() -> str:
+    """A fresh request id: every call, retries included, gets its own."""
+    return uuid.uuid4().hex
+
+
+def parse_body(verb: str, payload: bytes) -> dict[str, Any]:
+    """The command's body as an object (empty → ``{}``); CommandRejected(400) names what is wrong."""
+    if not is_safe_kind(verb):
+        raise CommandRejected(400, f"verb {verb[:80]!r} is not a valid command name")
+    if not payload.strip():
+        body: Any = {}
+    else:
+        try:
+            body = json.loads(payload)
+        except (ValueError, RecursionError):
+            raise CommandRejected(400, "body must be a JSON object (it is not valid JSON)") from None
+    if not isinstance(body, dict):
+        raise CommandRejected(400, "body must be a JSON object")
+    if plane(verb) == "admin":
+        actor = body.get("actor")
+        if not isinstance(actor, str) or not actor.strip():
+            raise CommandRejected(400, f"{verb} is a staff verb: actor (who is acting) is required")
+    return body
+
+
+def check_protocol(expected: str | None, spoken: int) -> None:
+    """The protocol gate: a caller expecting another protocol than the shard speaks gets 409."""
+    if expected is None:
+        return
+    if expected.strip() != str(spoken):
+        raise CommandRejected(409, f"the shard speaks protocol {spoken}, the caller expects "
+                                   f"{expected.strip()[:16]!r}: a deployment mismatch, do not retry")
+
+
+def command_line(verb: str, body: dict[str, Any], req_id: str) -> bytes:
+    """The line sent to the shard: the body verbatim, ``kind`` set to the verb, a fresh ``reqId``."""
+    return json.dumps({**body, "kind": verb, "reqId": req_id}, ensure_ascii=False,
+                      separators=(",", ":")).encode() + b"\n"

@@ -1,0 +1,38 @@
+"""The gateway's CLI commands: ``shardbus shard-sim`` runs the shard simulator against a gateway."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+
+
+def _cmd_shard_sim(args: argparse.Namespace) -> int:
+    from shared import logs
+    from simulator.shard import ShardSimulator
+    from simulator.world import ShardWorld
+
+    token = os.environ.get("SHARDBUS_SHARD_TOKEN", "")
+    logs.register_secret(token)
+    logs.configure("shard-sim", "INFO")
+    host, _, port = args.addr.rpartition(":")
+    world = ShardWorld(save_interval_s=args.save_interval, spawn_ceiling=args.spawn_ceiling,
+                       event_plane_enabled=not args.event_plane_disabled)
+    sim = ShardSimulator(host or "127.0.0.1", int(port), args.shard, token, world=world)
+    try:
+        asyncio.run(sim.run_forever())
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``shard-sim`` to the ``shardbus`` command."""
+    sim = subparsers.add_parser("shard-sim", help="run a simulated shard (protocol 7) against a gateway; "
+                                                  "the token is read from SHARDBUS_SHARD_TOKEN")
+    sim.add_argument("--addr", default="127.0.0.1:2595", help="the gateway's shard address host:port")
+    sim.add_argument("--shard", default="uo1", help="the shard id to say hello as")
+    sim.add_argument("--save-interval", type=float, default=30.0, help="seconds between allowed world saves")
+    sim.add_argument("--spawn-ceiling", type=int, default=500, help="most world objects present at once")
+    sim.add_argument("--event-plane-disabled", action="store_true", help="refuse every event-plane verb")
+    sim.set_defaults(func=_cmd_shard_sim)

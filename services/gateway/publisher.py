@@ -1,0 +1,184 @@
+"""Publishing one shard's frames to JetStream: in order, with a bounded window of
+acknowledgements in flight, and without loss while NATS is away.
+
+Each shard has one :class:`ShardPublisher` for the life of the gateway (it outlives a
+connection, so a reconnect cannot overtake frames still buffered). Its queue is bounded:
+when it is full, the reader awaiting :meth:`put` stops reading from the shard, which is
+TCP back-pressure. Every message carries a ``Nats-Msg-Id``, so publishing one again after a
+failure is de-duplicated by JetStream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+log = logging.getLogger("shardbus.gateway.publisher")
+
+RETRY_PAUSE_S = 0.2
+"""Pause before publishing a frame again after a failure (NATS away, no acknowledgement)."""
+
+CONNECTED_POLL_S = 0.05
+"""How often a publisher looks whether NATS is back."""
+
+
+@dataclass
+class Outgoing:
+    """One message to JetStream: subject, exact bytes, de-duplication id, extra headers,
+    and the shard's ``seq`` to acknowledge once it is stored (if it had one)."""
+
+    subject: str
+    data: bytes
+    msg_id: str
+    headers: dict[str, str] = field(default_factory=dict)
+    ack_seq: int | None = None
+
+
+class ShardPublisher:
+    """An ordered, windowed, loss-free publisher for one shard's messages.
+
+    A sender sends each queued message as soon as a window slot is free; an acknowledger
+    awaits the acknowledgements in order. When one does not come (NATS away, an error), the
+    acknowledger stops the sender (the lock) and publishes every unacknowledged message
+    again, one at a time, in order; JetStream drops the ones it already holds."""
+
+    def __init__(self, nc: Client, js: JetStreamContext, *, window: int, ack_timeout_s: float,
+                 buffer: int, on_stored: Callable[[Outgoing], None]) -> None:
+        self.nc, self.js = nc, js
+        self.ack_timeout_s = ack_timeout_s
+        self.queue: asyncio.Queue[Outgoing] = asyncio.Queue()
+        self.buffer = buffer
+        self._room = asyncio.Event()
+        self.on_stored = on_stored
+        self.published = 0
+        self.retries = 0
+        self._in_flight: deque[tuple[Outgoing, asyncio.Future]] = deque()
+        self._slots = asyncio.Semaphore(window)
+        self._lock = asyncio.Lock()
+        self._flying = asyncio.Event()
+        self._holding = 0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def put(self, item: Outgoing) -> None:
+        """Queue a message; once the buffer is full, waits (back-pressure) until it is half
+        empty again, so reading and publishing go in batches rather than one by one."""
+        if self.queue.qsize() >= self.buffer:
+            while self.queue.qsize() > self.buffer // 2:
+                self._room.clear()
+                await self._room.wait()
+        self.queue.put_nowait(item)
+
+    def pending(self) -> int:
+        """Messages not yet stored by JetStream (buffered or in flight)."""
+        return self.queue.qsize() + self._holding + len(self._in_flight)
+
+    def start(self) -> None:
+        """Start publishing in the background."""
+        if not self._tasks:
+            self._tasks = [asyncio.create_task(self._send()), asyncio.create_task(self._acknowledge())]
+            for task in self._tasks:
+                task.add_done_callback(_log_crash)
+
+    async def stop(self, drain_timeout_s: float = 5.0) -> None:
+        """Give buffered messages a moment to reach JetStream, then stop."""
+        deadline = asyncio.get_running_loop().time() + drain_timeout_s
+        while self.pending() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        if self.pending():
+            log.warning("stopped with frames unpublished", extra={"pending": self.pending()})
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for _, future in self._in_flight:
+            future.cancel()
+
+    async def _connected(self) -> None:
+        # Issue nothing while NATS is away: nats-py would buffer it and could send it after
+        # an earlier message that is about to be published again (out of order).
+        while not self.nc.is_connected:
+            await asyncio.sleep(CONNECTED_POLL_S)
+
+    def _headers(self, item: Outgoing) -> dict[str, str]:
+        return {"Nats-Msg-Id": item.msg_id, **item.headers}
+
+    async def _send(self) -> None:
+        while True:
+            item = await self.queue.get()
+            if self.queue.qsize() <= self.buffer // 2:
+                self._room.set()
+            self._holding = 1
+            await self._slots.acquire()
+            async with self._lock:
+                await self._connected()
+                try:
+                    future = await self.js.publish_async(item.subject, item.data, headers=self._headers(item))
+                except Exception:  # NATS went away between the check and the send
+                    future = _failed_future()
+                self._in_flight.append((item, future))
+                self._holding = 0
+                self._flying.set()
+
+    async def _acknowledge(self) -> None:
+        while True:
+            while not self._in_flight:
+                self._flying.clear()
+                await self._flying.wait()
+            item, future = self._in_flight[0]
+            try:
+                if not future.done():  # acks that already came are taken without a pause
+                    await asyncio.wait_for(future, self.ack_timeout_s)
+                future.result()
+            except Exception as exc:  # no ack in time, or an error ack
+                async with self._lock:
+                    await self._republish_in_order(exc)
+                continue
+            self._in_flight.popleft()
+            self._slots.release()
+            self._stored(item)
+
+    async def _republish_in_order(self, exc: Exception) -> None:
+        """Publish every unacknowledged message again, one at a time, in order."""
+        log.warning("JetStream did not acknowledge; publishing again in order",
+                    extra={"reason": repr(exc), "count": len(self._in_flight)})
+        for _, future in self._in_flight:
+            future.cancel()
+        while self._in_flight:
+            item, _ = self._in_flight[0]
+            while True:
+                await self._connected()
+                try:
+                    await self.js.publish(item.subject, item.data, timeout=self.ack_timeout_s,
+                                          headers=self._headers(item))
+                    break
+                except Exception as error:
+                    self.retries += 1
+                    log.debug("publish failed, retrying", extra={"reason": repr(error)})
+                    await asyncio.sleep(RETRY_PAUSE_S)
+            self._in_flight.popleft()
+            self._slots.release()
+            self._stored(item)
+
+    def _stored(self, item: Outgoing) -> None:
+        self.published += 1
+        try:
+            self.on_stored(item)
+        except Exception:  # an acknowledgement to a closed shard must not stop publishing
+            log.exception("on_stored failed")
+
+
+def _log_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("publisher stopped", exc_info=task.exception())
+
+
+def _failed_future() -> asyncio.Future:
+    future: asyncio.Future = asyncio.get_running_loop().create_future()
+    future.set_exception(ConnectionError("NATS connection lost while publishing"))
+    future.exception()  # mark retrieved: the retry path handles it
+    return future

@@ -1,0 +1,95 @@
+"""The shard's answer to a command → the HTTP-style status a caller acts on (SPEC section 2's
+table). Pure: the verb that was sent and the shard's answer in, a status out.
+
+A shard error is a reply whose ``kind`` ends in ``.error`` (``bridge.error`` is the generic
+one) with a ``reason`` sentence; the status follows the plane of the verb and words in the
+reason, as the table lists them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+EVENT_PLANE = frozenset({"lease", "participation", "world", "item"})
+"""Verb prefixes of the event plane (acted on by a run, named by ``runId``)."""
+
+ACCOUNT_PLANE = frozenset({"account"})
+"""Verb prefixes of the account plane."""
+
+ADMIN_PLANE = frozenset({"admin"})
+"""Verb prefixes of the staff (admin) plane; these verbs need an ``actor``."""
+
+BUSY = "bridge.busy"
+"""The shard's answer while a command under the same idempotency key is still in flight."""
+
+DRIFTED = "lease.drifted"
+"""Compare-and-set refused to overwrite somebody's change: a success of the mechanism."""
+
+
+def plane(verb: str) -> str:
+    """``event``, ``account``, ``admin`` or ``generic`` for a verb such as ``lease.apply``."""
+    head = verb.split(".", 1)[0]
+    if head in EVENT_PLANE:
+        return "event"
+    if head in ACCOUNT_PLANE:
+        return "account"
+    if head in ADMIN_PLANE:
+        return "admin"
+    return "generic"
+
+
+def _has(reason: str, *words: str) -> bool:
+    return any(word in reason for word in words)
+
+
+def _event_error(reason: str) -> int:
+    if _has(reason, "disabled"):
+        return 403
+    if _has(reason, "no lease offered", "not counting", "no participation ledger", "no ledger"):
+        return 404
+    if _has(reason, "too soon"):
+        return 429
+    return 400
+
+
+def _account_error(reason: str) -> int:
+    if _has(reason, "name clash", "already taken", "name is taken"):
+        return 409
+    if _has(reason, "per-ip", "per ip"):
+        return 429
+    if _has(reason, "disabled", "protected", "refused"):
+        return 403
+    if _has(reason, "unknown", "not linked"):
+        return 404
+    return 400
+
+
+def _admin_error(reason: str) -> int:
+    if _has(reason, "protected", "disabled"):
+        return 403
+    if _has(reason, "unknown"):
+        return 404
+    return 400
+
+
+def _generic_error(reason: str) -> int:
+    return 404 if _has(reason, "unknown") else 400
+
+
+def status_for(verb: str, answer: dict[str, Any]) -> int:
+    """The status of the shard's ``answer`` to a command of ``verb``."""
+    kind = str(answer.get("kind", ""))
+    if kind == BUSY:
+        return 425
+    if kind == DRIFTED or not kind.endswith(".error"):
+        return 200
+    reason = str(answer.get("reason") or answer.get("error") or "").lower()
+    if kind == "bridge.error":
+        return _generic_error(reason)
+    where = plane(verb)
+    if where == "event":
+        return _event_error(reason)
+    if where == "account":
+        return _account_error(reason)
+    if where == "admin":
+        return _admin_error(reason)
+    return _generic_error(reason)
