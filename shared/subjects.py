@@ -62,6 +62,25 @@ def board(shard: str, name: str) -> str:
     return f"shard.{shard}.board.{name}"
 
 
+BOARD_WILDCARD = "shard.*.board.*"
+"""Every board read of every shard (answered by any gateway replica)."""
+
+
+def news_add(shard: str) -> str:
+    """Request: the website adds (or replaces) a news item of ``shard``; it is stored, announced
+    to the shard if connected, and replayed after each hello with ``announce: false``."""
+    return f"shard.{shard}.news.add"
+
+
+NEWS_ADD_WILDCARD = "shard.*.news.add"
+"""Every news addition of every shard (answered by any gateway replica)."""
+
+
+def news_announce(shard: str) -> str:
+    """Internal: a stored news item for the replica holding ``shard`` to announce to it."""
+    return f"shard.{shard}.news.announce"
+
+
 # --- health (every service) -------------------------------------------------------------
 
 def health(service: str) -> str:
@@ -72,8 +91,126 @@ def health(service: str) -> str:
 # --- ledger, cleanup, installer ---------------------------------------------------------
 # Each service adds its subjects in a section of its own below.
 
+# --- ledger (owned by services/ledger; payloads in docs/contracts.md) --------------------
+
+LEDGER_QUEUE = "ledger"
+"""Queue group of every ledger request subject: replicas share the work."""
+
+LEDGER_RUN_CREATE = "ledger.run.create"
+"""Request: create an event run (idempotent on its runId)."""
+
+LEDGER_RUN_STATUS = "ledger.run.status"
+"""Request: move a run's status (guarded by the run state machine)."""
+
+LEDGER_RESOURCE_RESERVE = "ledger.resource.reserve"
+"""Request: reserve a resource (pending) before the shard acts."""
+
+LEDGER_RESOURCE_CONFIRM = "ledger.resource.confirm"
+"""Request: the shard acted; pending → confirmed."""
+
+LEDGER_RESOURCE_RECORD = "ledger.resource.record"
+"""Request: record a resource directly as confirmed."""
+
+LEDGER_RESOURCE_FAIL = "ledger.resource.fail"
+"""Request: a reservation whose creation failed (nothing is out there)."""
+
+LEDGER_CONSOLE = "ledger.console"
+"""Request: the run console (run, resources, counts by status, unresolved)."""
+
+LEDGER_RUNS = "ledger.runs"
+"""Request: runs by status and cleanup status."""
+
+LEDGER_LIVE = "ledger.live"
+"""Request: a module's live (pending, confirmed) rows."""
+
+LEDGER_SWEEP_SETTLE = "ledger.sweep.settle"
+"""Request: finished runs holding nothing unresolved get cleanup complete."""
+
+LEDGER_SWEEP_CANDIDATES = "ledger.sweep.candidates"
+"""Request: finished runs whose cleanup is pending with rows left."""
+
+LEDGER_SWEEP_CLAIM = "ledger.sweep.claim"
+"""Request: claim a run's rows for a give-back (→ reverting)."""
+
+LEDGER_SWEEP_REVERTED = "ledger.sweep.reverted"
+"""Request: a give-back succeeded (reverting → reverted)."""
+
+LEDGER_SWEEP_DRIFTED = "ledger.sweep.drifted"
+"""Request: somebody moved it deliberately (reverting → drifted)."""
+
+LEDGER_SWEEP_FAILED = "ledger.sweep.failed"
+"""Request: a give-back failed (back to the previous status, attempts + 1)."""
+
+LEDGER_SWEEP_FINISH = "ledger.sweep.finish"
+"""Request: end a run's sweep (cleanup.swept; cleanup status decided)."""
+
+LEDGER_SWEEP_RETRY = "ledger.sweep.retry"
+"""Request: a person retries an incomplete run's cleanup."""
+
+LEDGER_EXPIRED_PATTERN = "ledger.expired.{module}"
+"""Subscription pattern of expiries; the module is the subject's last token."""
+
+LEDGER_RECONCILE_PATTERN = "ledger.reconcile.{module}"
+"""Subscription pattern of reconciles; the module is the subject's last token."""
+
+LEDGER_EVENTS_WILDCARD = "ledger.events.run.*"
+"""Every run's update events."""
+
+
+def ledger_expired(module: str) -> str:
+    """Request: ``module`` reports the game ended a target at its deadline."""
+    return f"ledger.expired.{module}"
+
+
+def ledger_reconcile(module: str) -> str:
+    """Request: ``module`` reports which refs of a run the shard still lists."""
+    return f"ledger.reconcile.{module}"
+
+
+def ledger_run_events(run_id: str) -> str:
+    """Where every change to run ``run_id`` is published (``{"type", "run", "resource"?}``)."""
+    return f"ledger.events.run.{run_id}"
+
+
+# --- cleanup (owned by services/cleanup) -----------------------------------------------
+
+CLEANUP_SWEEP = "cleanup.sweep"
+"""Request ``{runId?}``: sweep now (every candidate run, or only ``runId``); replies the totals."""
+
+CLEANUP_RETRY = "cleanup.retry"
+"""Request ``{runId}``: reset an ``incomplete`` run's attempts and sweep it now."""
+
+CLEANUP_RECONCILE = "cleanup.reconcile"
+"""Request ``{modules?}``: reconcile those modules' live rows (default: the configured ones)."""
+
+CLEANUP_SWEPT = "cleanup.events.swept"
+"""Event: a cleanup replica finished a sweep; the payload is that sweep's totals."""
+
 
 def module_revert(module: str) -> str:
     """Request: the owning game module gives back a resource of a kind the shard plane
     does not know (see docs/contracts.md)."""
     return f"modules.{module}.revert"
+
+
+# --- installer (owned by the installer) -------------------------------------------------
+
+INSTALLER_INSTALL = "installer.install"
+"""Request ``{url, requestId?}``: install or upgrade the site's module from a manifest URL."""
+
+INSTALLER_REMOVE = "installer.remove"
+"""Request ``{id}``: remove the installed module, freeing the site."""
+
+INSTALLER_LIST = "installer.list"
+"""Request ``{}``: the installed module(s) and what became of each declared module."""
+
+INSTALLER_EVENTS = "installer.events"
+"""Event after every change: ``{type: installed|upgraded|removed, module, previous?}``."""
+
+REQUEST_ID_PATTERN = r"[A-Za-z0-9_-]{1,64}"
+"""What an install's ``requestId`` may look like; it becomes a subject token."""
+
+
+def installer_progress(request_id: str) -> str:
+    """Events of one install's progress: ``{requestId, stage, done, total}``."""
+    return f"installer.progress.{request_id}"
