@@ -1,11 +1,43 @@
-"""Cleanup wiring: the periodic and requested sweep."""
+"""Cleanup wiring: sweeps on a period and on request, manual retry, reconcile.
+
+Every request subject is served by the ``cleanup-workers`` queue group, so replicas share
+requests; periodic sweeps run in every replica at once, which is safe because the ledger's
+guarded claim hands each row to one sweeper. Within one process sweeps never overlap.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 from faststream import FastStream
 
+from services.cleanup.ledger_client import LedgerClient, LedgerError
+from services.cleanup.port import NatsPort
+from services.cleanup.reconcile import Reconciler
+from services.cleanup.requests import ReconcileRequest, RetryRequest, SweepRequest
 from services.cleanup.settings import CleanupSettings
+from services.cleanup.sweep import Limits, RunReport, Sweeper
+from shared import replies, subjects
 from shared.broker import add_health, make_app, make_broker
+
+log = logging.getLogger("shardbus.cleanup")
+
+QUEUE = "cleanup-workers"
+"""The queue group every replica's request subscribers join."""
+
+JITTER = 0.1
+"""Periods vary by ±10% so replicas started together drift apart."""
+
+
+def _run_reply(report: RunReport) -> dict[str, Any]:
+    """A one-run sweep's reply: the run's report, or the ledger's refusal (e.g. 409, 404)."""
+    run = report.to_dict()
+    return replies.fail(report.error_status, report.error, run=run) if report.error else replies.ok(run=run)
 
 
 def create_app(settings: CleanupSettings | None = None) -> FastStream:
@@ -13,5 +45,87 @@ def create_app(settings: CleanupSettings | None = None) -> FastStream:
     settings = settings or CleanupSettings()
     broker = make_broker(settings, "cleanup")
     app = make_app(broker, "cleanup")
+    built: dict[str, Any] = {}
+    one_sweep_at_a_time = asyncio.Lock()
+    tasks: list[asyncio.Task[None]] = []
+
+    def sweeper() -> Sweeper:
+        """The sweeper over the broker's own connection (built once it is connected)."""
+        if "sweeper" not in built:
+            port = NatsPort(broker.connection)
+            ledger = LedgerClient(port, settings.ledger_timeout_s)
+            built["sweeper"] = Sweeper(port, ledger, Limits(
+                max_attempts=settings.max_attempts, batch_size=settings.sweep_batch_size,
+                runs_per_batch=settings.sweep_runs_per_batch, runs_in_flight=settings.sweep_runs_in_flight,
+                give_back_concurrency=settings.give_back_concurrency,
+                claim_timeout_s=settings.claim_timeout_s, command_timeout_s=settings.command_timeout_s))
+            built["reconciler"] = Reconciler(port, ledger, built["sweeper"].shard_of, settings.command_timeout_s)
+        return built["sweeper"]
+
+    def reconciler() -> Reconciler:
+        """The reconciler, sharing the sweeper's connection and run → shard cache."""
+        sweeper()
+        return built["reconciler"]
+
+    async def full_sweep(why: str) -> dict[str, Any]:
+        async with one_sweep_at_a_time:
+            report = (await sweeper().sweep()).to_dict()
+        level = logging.WARNING if report.get("error") or report["runErrors"] else logging.INFO
+        if report["runs"] or report["settled"] or level != logging.INFO:
+            log.log(level, "sweep done", extra={"why": why, **report})
+        await broker.publish({**report, "why": why, "pid": os.getpid()}, subjects.CLEANUP_SWEPT)
+        return report
+
+    @broker.subscriber(subjects.CLEANUP_SWEEP, queue=QUEUE)
+    async def sweep_now(request: SweepRequest) -> dict[str, Any]:
+        """Sweep now: every candidate run, or only ``runId``."""
+        if request.run_id is None:
+            report = await full_sweep("request")
+            return replies.fail(503, report["error"]) if report.get("error") else replies.ok(**report)
+        async with one_sweep_at_a_time:
+            report = await sweeper().sweep_run(request.run_id)
+        return _run_reply(report)
+
+    @broker.subscriber(subjects.CLEANUP_RETRY, queue=QUEUE)
+    async def retry(request: RetryRequest) -> dict[str, Any]:
+        """Reset an incomplete run's attempts and sweep it now."""
+        try:
+            async with one_sweep_at_a_time:
+                report = await sweeper().retry(request.run_id)
+        except LedgerError as exc:
+            return replies.fail(exc.status, exc.error)
+        return _run_reply(report)
+
+    @broker.subscriber(subjects.CLEANUP_RECONCILE, queue=QUEUE)
+    async def reconcile_now(request: ReconcileRequest) -> dict[str, Any]:
+        """Reconcile the named modules (default: the configured ones)."""
+        modules = request.modules if request.modules is not None else settings.modules_to_reconcile()
+        return replies.ok(**(await reconciler().reconcile(modules)).to_dict())
+
+    async def every(period_s: float, job: Callable[[], Awaitable[Any]], name: str) -> None:
+        while True:
+            try:
+                await job()
+            except Exception:  # noqa: BLE001 — a periodic job must outlive any one failure
+                log.exception("periodic job failed", extra={"job": name})
+            await asyncio.sleep(period_s * random.uniform(1 - JITTER, 1 + JITTER))
+
+    async def periodic_reconcile() -> None:
+        if modules := settings.modules_to_reconcile():
+            report = await reconciler().reconcile(modules)
+            log.info("reconcile done", extra=report.to_dict())
+
+    @app.after_startup
+    async def start_periodic() -> None:
+        sweeper()
+        tasks.append(asyncio.create_task(every(settings.sweep_period_s, lambda: full_sweep("period"), "sweep")))
+        tasks.append(asyncio.create_task(every(settings.reconcile_period_s, periodic_reconcile, "reconcile")))
+
+    @app.on_shutdown
+    async def stop_periodic() -> None:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     add_health(app, broker, "cleanup", settings)
     return app

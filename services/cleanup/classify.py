@@ -1,0 +1,182 @@
+"""What an answer to a give-back means for the row (SPEC section 4, step 3).
+
+A give-back ends in one of four verdicts: the thing is back (``reverted``), somebody else
+changed it on purpose (``drifted``), it cannot be given back by the sweep (``failed``, with a
+reason a person can act on), or the shard could not take it right now (``transient``: the
+row goes back to its previous status with one more attempt). Anything the shard or a module
+answers that is not one of the documented answers is ``failed`` with a reason that quotes it,
+so a garbage answer never crashes a sweep and never passes for success.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class Verdict(StrEnum):
+    """What became of one give-back."""
+
+    REVERTED = "reverted"
+    DRIFTED = "drifted"
+    FAILED = "failed"
+    TRANSIENT = "transient"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A verdict and, unless reverted, the reason a person reads on the console."""
+
+    verdict: Verdict
+    reason: str = ""
+
+
+TRANSIENT_STATUSES = frozenset({503, 504, 425, 429})
+"""Statuses that mean "not now": no shard connected, no answer in time, busy, rate limited."""
+
+GIVEN_BACK = frozenset({"removed", "gone"})
+"""Despawn results that count as given back (``gone``: it was already absent)."""
+
+PREVIEW_CHARS = 200
+"""How much of an unexpected answer a reason quotes."""
+
+_STATUS_HINTS = {
+    400: "the shard refused the command as invalid",
+    403: "the shard's operator refuses it (event plane disabled or protected)",
+    404: "the shard does not know what the command names",
+    409: "the shard speaks another protocol version: a deployment fault, fix the versions",
+}
+
+
+def preview(value: Any) -> str:
+    """A short, printable rendering of an answer for a reason sentence."""
+    try:
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS] + "…"
+
+
+def quoted(value: Any) -> str:
+    """A value inside a sentence, JSON-quoted so ``"5"`` and ``5`` read differently."""
+    try:
+        return preview(json.dumps(value, ensure_ascii=False, default=str))
+    except (TypeError, ValueError):
+        return preview(repr(value))
+
+
+def _envelope(what: str, reply: Any) -> tuple[int | None, dict[str, Any] | None, Outcome | None]:
+    """Check the reply envelope: ``(status, reply, None)`` or ``(None, None, failure)``."""
+    if not isinstance(reply, dict):
+        return None, None, Outcome(Verdict.FAILED, f"{what} answered something that is not a JSON object: "
+                                                     f"{preview(reply)}")
+    status = reply.get("status")
+    if not isinstance(status, int) or isinstance(status, bool):
+        return None, None, Outcome(Verdict.FAILED, f"{what} answered without an integer status: {preview(reply)}")
+    return status, reply, None
+
+
+def _not_ok(what: str, status: int, reply: dict[str, Any]) -> Outcome:
+    """The outcome of a non-200 answer."""
+    detail = reply.get("error")
+    body = reply.get("body")
+    if not detail and isinstance(body, dict):
+        detail = body.get("reason") or body.get("error")
+    detail = str(detail) if detail else preview(reply)
+    if status in TRANSIENT_STATUSES:
+        return Outcome(Verdict.TRANSIENT, f"{what} answered {status}: {detail}")
+    hint = _STATUS_HINTS.get(status, "an answer the sweep cannot act on")
+    return Outcome(Verdict.FAILED, f"{what} answered {status} ({hint}): {detail}")
+
+
+def despawn_answer(reply: Any) -> Outcome:
+    """Classify the gateway's reply to ``world.despawn``."""
+    what = "world.despawn"
+    status, reply, failure = _envelope(what, reply)
+    if failure:
+        return failure
+    if status != 200:
+        return _not_ok(what, status, reply)
+    body = reply.get("body")
+    if not isinstance(body, dict):
+        return Outcome(Verdict.FAILED, f"{what} answered 200 without a body object: {preview(reply)}")
+    result = body.get("result")
+    if result in GIVEN_BACK:
+        return Outcome(Verdict.REVERTED)
+    if result == "refused":
+        reason = body.get("reason") or "no reason given"
+        return Outcome(Verdict.FAILED, f"the shard refused the despawn ({reason}): it says the object is "
+                                       "not this run's; check who owns it before resolving the row by hand")
+    if result is None:
+        return Outcome(Verdict.FAILED, f"{what} answer has no 'result' (expected removed, gone or refused): "
+                                       f"{preview(body)}")
+    return Outcome(Verdict.FAILED, f"{what} answered an unknown result {quoted(result)} "
+                                   "(expected removed, gone or refused)")
+
+
+def release_answer(reply: Any) -> Outcome:
+    """Classify the gateway's reply to ``lease.release``."""
+    what = "lease.release"
+    status, reply, failure = _envelope(what, reply)
+    if failure:
+        return failure
+    if status != 200:
+        return _not_ok(what, status, reply)
+    body = reply.get("body")
+    if not isinstance(body, dict):
+        return Outcome(Verdict.FAILED, f"{what} answered 200 without a body object: {preview(reply)}")
+    kind = body.get("kind")
+    if kind == "lease.released":
+        return Outcome(Verdict.REVERTED)
+    if kind == "lease.drifted":
+        current = body.get("current")
+        shown = "unknown" if current is None else quoted(current)
+        return Outcome(Verdict.DRIFTED, f"somebody changed the leased value (now {shown}); "
+                                        "left alone so their change stands")
+    if kind is None:
+        return Outcome(Verdict.FAILED, f"{what} answer has no 'kind' (expected lease.released or "
+                                       f"lease.drifted): {preview(body)}")
+    return Outcome(Verdict.FAILED, f"{what} answered an unknown kind {quoted(kind)} "
+                                   "(expected lease.released or lease.drifted)")
+
+
+def module_answer(module: str, reply: Any) -> Outcome:
+    """Classify a module's reply to ``modules.<module>.revert``."""
+    what = f"module {module!r} revert"
+    status, reply, failure = _envelope(what, reply)
+    if failure:
+        return failure
+    if status != 200:
+        return _not_ok(what, status, reply)
+    result = reply.get("result")
+    if result in GIVEN_BACK:
+        return Outcome(Verdict.REVERTED)
+    if result == "drifted":
+        reason = reply.get("reason") or "the module says somebody changed it"
+        return Outcome(Verdict.DRIFTED, f"{reason}; left alone so their change stands")
+    if result == "refused":
+        reason = reply.get("reason") or "no reason given"
+        return Outcome(Verdict.FAILED, f"module {module!r} refused the revert: {reason}")
+    if result is None:
+        return Outcome(Verdict.FAILED, f"{what} answer has no 'result' (expected removed, gone, drifted "
+                                       f"or refused): {preview(reply)}")
+    return Outcome(Verdict.FAILED, f"{what} answered an unknown result {quoted(result)} "
+                                   "(expected removed, gone, drifted or refused)")
+
+
+def no_gateway(shard: str) -> Outcome:
+    """Nobody answers the shard's command subject: no gateway is running at all (like a 503)."""
+    return Outcome(Verdict.TRANSIENT, f"no gateway answers for shard {shard!r} (503): is the gateway running?")
+
+
+def no_answer(what: str, timeout_s: float) -> Outcome:
+    """No answer in time: like a 504, try again later."""
+    return Outcome(Verdict.TRANSIENT, f"{what} did not answer within {timeout_s:g} s (504)")
+
+
+def no_module(module: str, subject: str) -> Outcome:
+    """No module answers its revert subject: the sweep cannot give such rows back."""
+    return Outcome(Verdict.FAILED, f"nothing answers {subject}: module {module!r} is not running or does not "
+                                   "implement revert; start it, then retry the run's cleanup")

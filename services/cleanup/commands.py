@@ -1,0 +1,74 @@
+"""The cleanup service's CLI commands: ``shardbus cleanup sweep|retry|reconcile`` ask a
+running cleanup replica (over ``SHARDBUS_NATS_URL``) and print its JSON answer."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+ASK_TIMEOUT_S = 600.0
+"""How long the command waits for a sweep to finish."""
+
+
+async def _quiet(_exc: Exception) -> None:
+    """nats-py prints every failed connection attempt; the command says it once instead."""
+
+
+async def _ask(subject: str, payload: dict[str, Any]) -> dict[str, Any]:
+    import nats
+
+    from shared.nats_connect import connection_name
+    from shared.settings import CommonSettings
+
+    nc = await nats.connect(CommonSettings().nats_servers(), name=connection_name("cleanup-cli"),
+                            connect_timeout=5, allow_reconnect=False, max_reconnect_attempts=1,
+                            reconnect_time_wait=0.5, error_cb=_quiet)
+    try:
+        msg = await nc.request(subject, json.dumps(payload).encode(), timeout=ASK_TIMEOUT_S)
+        return json.loads(msg.data)
+    finally:
+        await nc.close()
+
+
+def _cmd_cleanup(args: argparse.Namespace) -> int:
+    from nats.errors import NoRespondersError, NoServersError
+    from nats.errors import TimeoutError as NatsTimeoutError
+
+    from shared import subjects
+    from shared.logs import redact
+    from shared.settings import CommonSettings
+
+    if args.action == "sweep":
+        subject, payload = subjects.CLEANUP_SWEEP, ({"runId": args.run_id} if args.run_id else {})
+    elif args.action == "retry":
+        if not args.run_id:
+            print("retry needs --run-id", file=sys.stderr)
+            return 2
+        subject, payload = subjects.CLEANUP_RETRY, {"runId": args.run_id}
+    else:
+        subject, payload = subjects.CLEANUP_RECONCILE, ({"modules": args.module} if args.module else {})
+    try:
+        reply = asyncio.run(_ask(subject, payload))
+    except NoRespondersError:
+        print("no cleanup service is running", file=sys.stderr)
+        return 1
+    except (NoServersError, OSError):
+        print(f"cannot reach NATS at {redact(CommonSettings().nats_url)}", file=sys.stderr)
+        return 1
+    except NatsTimeoutError:
+        print(f"the cleanup service did not answer within {ASK_TIMEOUT_S:g} s", file=sys.stderr)
+        return 1
+    print(json.dumps(reply, indent=2))
+    return 0 if 200 <= reply.get("status", 0) < 300 else 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``cleanup`` to the ``shardbus`` command."""
+    cleanup = subparsers.add_parser("cleanup", help="ask the cleanup service to sweep, retry a run or reconcile")
+    cleanup.add_argument("action", choices=("sweep", "retry", "reconcile"))
+    cleanup.add_argument("--run-id", default="", help="sweep only this run; the run to retry")
+    cleanup.add_argument("--module", action="append", default=[], help="reconcile this module (repeatable)")
+    cleanup.set_defaults(func=_cmd_cleanup)

@@ -1,0 +1,98 @@
+"""The ledger's requests the cleanup service makes (docs/contracts.md, "Ledger").
+
+The cleanup service never touches the ledger's tables: every read and every status change
+is a request to the ledger, which guards each transition. A ledger that is down or answers
+an error raises :class:`LedgerError`; the sweep stops there and the next one starts over.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.cleanup.port import NoAnswer, NoResponder, Port
+from shared import subjects
+
+CONFLICT = 409
+"""The ledger's answer when a guarded transition found the row already moved on."""
+
+MAX_LIMIT = 1000
+"""The most runs or rows the ledger hands out per candidates or claim request."""
+
+LIVE_LIMIT = 10_000
+"""The most live rows of one module the ledger lists per request."""
+
+ERROR_MAX = 1000
+"""The longest error sentence the ledger stores."""
+
+
+class LedgerError(Exception):
+    """The ledger did not do what was asked: ``status`` (503 when unreachable) and why."""
+
+    def __init__(self, subject: str, status: int, error: str) -> None:
+        super().__init__(f"{subject}: {status} {error}")
+        self.subject, self.status, self.error = subject, status, error
+
+
+class LedgerClient:
+    """Typed calls to the ledger over a :class:`Port`."""
+
+    def __init__(self, port: Port, timeout_s: float) -> None:
+        self.port, self.timeout_s = port, timeout_s
+
+    async def call(self, subject: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """One request; the reply when 2xx, else :class:`LedgerError`."""
+        try:
+            reply = await self.port.request(subject, payload, self.timeout_s)
+        except NoResponder:
+            raise LedgerError(subject, 503, "no ledger is running") from None
+        except NoAnswer:
+            raise LedgerError(subject, 503, f"the ledger did not answer within {self.timeout_s:g} s") from None
+        if not isinstance(reply, dict) or not isinstance(reply.get("status"), int):
+            raise LedgerError(subject, 502, f"the ledger answered something unexpected: {str(reply)[:200]}")
+        if not 200 <= reply["status"] < 300:
+            raise LedgerError(subject, reply["status"], str(reply.get("error") or "no error given"))
+        return reply
+
+    async def settle(self) -> int:
+        return int((await self.call(subjects.LEDGER_SWEEP_SETTLE, {})).get("settled", 0))
+
+    async def candidates(self, max_attempts: int, limit: int) -> list[str]:
+        reply = await self.call(subjects.LEDGER_SWEEP_CANDIDATES, {"maxAttempts": max_attempts,
+                                                                 "limit": min(limit, MAX_LIMIT)})
+        return [str(run) for run in reply.get("runs", [])]
+
+    async def claim(self, run_id: str, max_attempts: int, limit: int, claim_timeout_s: float) -> list[dict]:
+        reply = await self.call(subjects.LEDGER_SWEEP_CLAIM, {"runId": run_id, "maxAttempts": max_attempts,
+                                                       "limit": limit, "claimTimeoutS": claim_timeout_s})
+        return list(reply.get("resources", []))
+
+    async def reverted(self, resource_id: int) -> None:
+        await self.call(subjects.LEDGER_SWEEP_REVERTED, {"resourceId": resource_id})
+
+    async def drifted(self, resource_id: int, error: str) -> None:
+        await self.call(subjects.LEDGER_SWEEP_DRIFTED, {"resourceId": resource_id, "error": error[:ERROR_MAX]})
+
+    async def failed(self, resource_id: int, error: str, transient: bool) -> None:
+        await self.call(subjects.LEDGER_SWEEP_FAILED, {"resourceId": resource_id, "error": error[:ERROR_MAX],
+                                                "transient": transient})
+
+    async def finish(self, run_id: str, max_attempts: int, summary: dict[str, Any]) -> dict[str, Any]:
+        reply = await self.call(subjects.LEDGER_SWEEP_FINISH, {"runId": run_id, "maxAttempts": max_attempts,
+                                                        "summary": summary})
+        return dict(reply.get("run") or {})
+
+    async def retry(self, run_id: str) -> dict[str, Any]:
+        return dict((await self.call(subjects.LEDGER_SWEEP_RETRY, {"runId": run_id})).get("run") or {})
+
+    async def console(self, run_id: str) -> dict[str, Any]:
+        return await self.call(subjects.LEDGER_CONSOLE, {"runId": run_id})
+
+    async def live(self, module: str) -> list[dict]:
+        reply = await self.call(subjects.LEDGER_LIVE, {"module": module, "limit": LIVE_LIMIT})
+        return list(reply.get("resources", []))
+
+    async def reconcile(self, module: str, run_id: str, kind: str | None, present: list[str]) -> int:
+        payload: dict[str, Any] = {"runId": run_id, "present": present}
+        if kind is not None:
+            payload["kind"] = kind
+        return int((await self.call(subjects.ledger_reconcile(module), payload)).get("orphaned", 0))

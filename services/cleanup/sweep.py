@@ -1,0 +1,245 @@
+"""The sweep: give back what finished runs still hold, in SPEC section 4's order.
+
+1. Settle: the ledger marks terminal runs with nothing unresolved ``complete``.
+2. Candidates, a bounded batch of runs at a time; for each run, claim a bounded batch of
+   rows (the ledger's guarded ``→ reverting``), give each back, record what became of it.
+3. Finish each run: the ledger writes ``cleanup.swept`` with this sweep's summary and
+   decides the run's cleanup status from what is left.
+
+Each row gets at most one attempt per sweep: a run whose batch met a transient failure is
+left for the next sweep (the shard is probably away), and a row whose outcome is recorded
+is no longer claimable. Several replicas may sweep at once: the ledger's claim hands each
+row to one of them, and the idempotency key makes even a reclaimed row (its sweeper died
+mid-revert) a replay at the shard, not a second execution.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.cleanup import giveback
+from services.cleanup.classify import Outcome, Verdict
+from services.cleanup.ledger_client import CONFLICT, MAX_LIMIT, LedgerClient, LedgerError
+from services.cleanup.port import Port
+
+log = logging.getLogger("shardbus.cleanup.sweep")
+
+FAILURES_KEPT = 20
+"""How many failure reasons one run's ``cleanup.swept`` summary quotes (the rest are counted)."""
+
+CANDIDATE_POOL = 5
+"""A sweep asks for this many batches' worth of candidate runs and works on a random batch."""
+
+SHARD_CACHE_SIZE = 50_000
+"""Runs whose shard id is remembered (a run's shard never changes); cleared when full."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How hard one sweep works (from the service's settings)."""
+
+    max_attempts: int = 3
+    batch_size: int = 200
+    runs_per_batch: int = 100
+    runs_in_flight: int = 8
+    give_back_concurrency: int = 32
+    claim_timeout_s: float = 120.0
+    command_timeout_s: float = 15.0
+
+
+@dataclass
+class RunReport:
+    """What one sweep found and did for one run."""
+
+    run_id: str
+    claimed: int = 0
+    reverted: int = 0
+    drifted: int = 0
+    failed: int = 0
+    transient: int = 0
+    lost_races: int = 0
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    cleanup_status: str | None = None
+    error: str | None = None
+    error_status: int = 503
+
+    def count(self, resource_id: Any, outcome: Outcome) -> None:
+        """Add one row's outcome."""
+        setattr(self, outcome.verdict.value, getattr(self, outcome.verdict.value) + 1)
+        if outcome.verdict is not Verdict.REVERTED and len(self.failures) < FAILURES_KEPT:
+            self.failures.append({"resourceId": resource_id, "verdict": outcome.verdict.value,
+                                  "reason": outcome.reason})
+
+    def summary(self) -> dict[str, Any]:
+        """The ``cleanup.swept`` summary the ledger writes to the run log."""
+        return {"claimed": self.claimed, "reverted": self.reverted, "drifted": self.drifted,
+                "failed": self.failed, "transient": self.transient, "lostRaces": self.lost_races,
+                "failures": self.failures}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as a reply field."""
+        out = {"runId": self.run_id, **self.summary(), "cleanupStatus": self.cleanup_status}
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+@dataclass
+class SweepReport:
+    """What one whole sweep did."""
+
+    settled: int = 0
+    runs: list[RunReport] = field(default_factory=list)
+    error: str | None = None
+    started_at: float = 0.0
+    duration_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The totals (and failing runs) as a reply's fields."""
+        totals = {name: sum(getattr(r, name) for r in self.runs)
+                  for name in ("claimed", "reverted", "drifted", "failed", "transient", "lost_races")}
+        out: dict[str, Any] = {"settled": self.settled, "runs": len(self.runs),
+                               **{_camel(k): v for k, v in totals.items()},
+                               "runErrors": [{"runId": r.run_id, "error": r.error} for r in self.runs if r.error],
+                               "startedAt": round(self.started_at, 3), "durationS": round(self.duration_s, 3)}
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+class Sweeper:
+    """Runs sweeps against the ledger and the shard, over a :class:`Port`."""
+
+    def __init__(self, port: Port, ledger: LedgerClient, limits: Limits) -> None:
+        self.port, self.ledger, self.limits = port, ledger, limits
+        self.give_backs = asyncio.Semaphore(limits.give_back_concurrency)
+        self.shards: dict[str, str] = {}
+
+    async def sweep(self) -> SweepReport:
+        """One whole sweep: settle, then every candidate run, a bounded batch at a time."""
+        started = time.monotonic()
+        report = SweepReport(started_at=time.time())
+        try:
+            report.settled = await self.ledger.settle()
+            seen: set[str] = set()
+            left_pending: set[str] = set()
+            while True:
+                # A run swept this time that is still pending (a transient failure) stays a
+                # candidate; skip it, and ask for that many more so the batch is all new runs.
+                pool = CANDIDATE_POOL * self.limits.runs_per_batch + len(left_pending)
+                runs = await self.ledger.candidates(self.limits.max_attempts, min(MAX_LIMIT, pool))
+                fresh = [run for run in runs if run not in seen]
+                if not fresh:
+                    break
+                # A random batch out of a larger pool: replicas sweeping at once mostly work
+                # on different runs instead of all queueing behind the same oldest ones.
+                fresh = random.sample(fresh, min(len(fresh), self.limits.runs_per_batch))
+                seen.update(fresh)
+                swept = await self._sweep_runs(fresh)
+                left_pending.update(r.run_id for r in swept if r.cleanup_status not in ("complete", "incomplete"))
+                report.runs.extend(swept)
+        except LedgerError as exc:
+            report.error = str(exc)
+            log.warning("sweep stopped: the ledger failed", extra={"reason": str(exc)})
+        report.duration_s = time.monotonic() - started
+        return report
+
+    async def _sweep_runs(self, run_ids: list[str]) -> list[RunReport]:
+        gate = asyncio.Semaphore(self.limits.runs_in_flight)
+
+        async def one(run_id: str) -> RunReport:
+            async with gate:
+                return await self.sweep_run(run_id)
+
+        return list(await asyncio.gather(*(one(run_id) for run_id in run_ids)))
+
+    async def sweep_run(self, run_id: str) -> RunReport:
+        """Give back what ``run_id`` still holds (batch after batch), then finish it."""
+        report = RunReport(run_id)
+        try:
+            handled: set[Any] = set()
+            while True:
+                rows = await self.ledger.claim(run_id, self.limits.max_attempts, self.limits.batch_size,
+                                               self.limits.claim_timeout_s)
+                if not rows:
+                    break
+                shard = await self.shard_of(run_id)  # only now: a run another replica took costs no read
+                report.claimed += len(rows)
+                fresh = [row for row in rows if _row_id(row) not in handled]
+                handled.update(_row_id(row) for row in rows)
+                await asyncio.gather(*(self._give_back(row, shard, report) for row in rows))
+                if report.transient or len(rows) < self.limits.batch_size or not fresh:
+                    break
+            run = await self.ledger.finish(run_id, self.limits.max_attempts, report.summary())
+            report.cleanup_status = run.get("cleanupStatus")
+        except LedgerError as exc:
+            # Claimed rows stay `reverting` until the claim timeout; the next sweep recovers them.
+            report.error, report.error_status = exc.error, exc.status
+            log.warning("run not swept: the ledger failed", extra={"runId": run_id, "reason": str(exc)})
+        return report
+
+    async def retry(self, run_id: str) -> RunReport:
+        """Manual retry of an ``incomplete`` run: reset its attempts, sweep it now."""
+        await self.ledger.retry(run_id)
+        return await self.sweep_run(run_id)
+
+    async def shard_of(self, run_id: str) -> str:
+        """The shard a run acts on (asked of the ledger once, then remembered)."""
+        if run_id not in self.shards:
+            console = await self.ledger.console(run_id)
+            run = console.get("run") if isinstance(console.get("run"), dict) else {}
+            if len(self.shards) >= SHARD_CACHE_SIZE:
+                self.shards.clear()
+            self.shards[run_id] = str(run.get("shard") or "")
+        return self.shards[run_id]
+
+    async def _give_back(self, row: dict[str, Any], shard: str, report: RunReport) -> None:
+        resource_id = _row_id(row)
+        if not isinstance(resource_id, int):
+            # Without an id nothing can be recorded; the row's claim times out and a person
+            # sees it `reverting` on the console. Say so loudly.
+            log.error("the ledger handed out a row without a resourceId", extra={"row": str(row)[:300]})
+            report.count(None, Outcome(Verdict.FAILED, "claimed row has no resourceId"))
+            return
+        missing = [name for name in ("runId", "module", "kind", "ref") if not isinstance(row.get(name), str)]
+        # The slot covers the command and its recording: the ledger answers outcomes one at
+        # a time, so unbounded recordings would queue there until they time out.
+        async with self.give_backs:
+            if missing:
+                outcome = Outcome(Verdict.FAILED, f"the ledger row lacks {', '.join(missing)}; cannot tell "
+                                                  "what to give back")
+            else:
+                outcome = await giveback.give_back(self.port, row, shard, self.limits.command_timeout_s)
+            await self._record(resource_id, outcome, report)
+
+    async def _record(self, resource_id: int, outcome: Outcome, report: RunReport) -> None:
+        try:
+            if outcome.verdict is Verdict.REVERTED:
+                await self.ledger.reverted(resource_id)
+            elif outcome.verdict is Verdict.DRIFTED:
+                await self.ledger.drifted(resource_id, outcome.reason)
+            else:
+                await self.ledger.failed(resource_id, outcome.reason,
+                                         transient=outcome.verdict is Verdict.TRANSIENT)
+        except LedgerError as exc:
+            if exc.status != CONFLICT:
+                raise
+            # Another sweeper reclaimed this row after our claim timed out and recorded it
+            # first; the shard answered both of us from one execution.
+            report.lost_races += 1
+            return
+        report.count(resource_id, outcome)
+
+
+def _row_id(row: Any) -> Any:
+    return row.get("resourceId") if isinstance(row, dict) else None

@@ -1,0 +1,111 @@
+"""Bad input never crashes a sweep: a shard answering garbage or without the fields expected,
+a module revert subject nobody answers or answered with garbage, a lease without its baseline
+— each becomes a failed row with a reason a person can act on, and other runs' cleanups go on.
+A request that is not valid gets a 400 naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shared import subjects
+from simulator.world import ShardWorld
+from tests.cleanup.conftest import ask, connect_shard, ok, start_cleanup
+
+
+class GarbledWorld(ShardWorld):
+    """A shard whose despawn answers for some refs are broken."""
+
+    def __init__(self) -> None:
+        super().__init__(spawn_ceiling=1000)
+        self.garbled: dict[str, dict[str, Any]] = {}
+
+    def _world_despawn(self, body: dict[str, Any]) -> dict[str, Any]:
+        if body.get("ref") in self.garbled:
+            return self.garbled[body["ref"]]
+        return super()._world_despawn(body)
+
+
+@pytest.fixture
+async def garbled_shard(nc, services, unique):
+    linked = await connect_shard(nc, services, f"g{unique}", world=GarbledWorld())
+    try:
+        yield linked
+    finally:
+        await linked.sim.close()
+
+
+async def test_broken_answers_become_failed_rows_with_reasons_and_other_runs_go_on(
+        nc, garbled_shard, ledger, services, unique):
+    shard = garbled_shard
+    cleanup = await start_cleanup(services)
+    bad, good = f"bad-{unique}", f"good-{unique}"
+    silent_module, garbage_module = f"silent{unique}", f"garbage{unique}"
+
+    async def garbage(msg) -> None:
+        await msg.respond(b"<html>502 Bad Gateway</html>")
+
+    await nc.subscribe(subjects.module_revert(garbage_module), cb=garbage)
+    for run in (bad, good):
+        await ledger.run(run, shard.id)
+    no_result, odd_result, fine = (await shard.command(
+        "world.spawn", {"runId": bad, "what": "creature", "count": 3}))["body"]["refs"]
+    shard.world.garbled[no_result] = {"kind": "world.despawn", "ref": no_result}
+    shard.world.garbled[odd_result] = {"kind": "world.despawn", "result": 42}
+    (good_ref,) = (await shard.command("world.spawn", {"runId": good, "what": "npc"}))["body"]["refs"]
+    for ref in (no_result, odd_result, fine):
+        await ledger.record(bad, "creature", ref)
+    await ledger.record(bad, "zone", "north-field", module=silent_module)
+    await ledger.record(bad, "zone", "south-field", module=garbage_module)
+    await ledger.record(bad, "lease", "spawn.rate", revert={"key": "spawn.rate", "expected": "3"})
+    await ledger.record(good, "npc", good_ref)
+    for run in (bad, good):
+        await ledger.end(run, "completed")
+
+    sweep = await ok(nc, subjects.CLEANUP_SWEEP, {}, timeout=30)
+
+    assert sweep["reverted"] == 2 and sweep["failed"] == 5
+    rows = {row["ref"]: row for row in (await ledger.console(bad))["resources"]}
+    reasons = {ref: row["lastError"] for ref, row in rows.items() if row["status"] != "reverted"}
+    assert rows[fine]["status"] == "reverted"
+    assert "has no 'result'" in reasons[no_result]
+    assert "unknown result 42" in reasons[odd_result]
+    assert f"nothing answers modules.{silent_module}.revert" in reasons["north-field"]
+    assert "502 Bad Gateway" in reasons["south-field"]
+    assert "lacks 'baseline'" in reasons["spawn.rate"] and "by hand" in reasons["spawn.rate"]
+    assert (await ledger.console(bad))["run"]["cleanupStatus"] == "incomplete"
+    good_console = await ledger.console(good)
+    assert good_console["run"]["cleanupStatus"] == "complete"
+    assert good_console["counts"]["reverted"] == 1
+    # The lease was never sent; the service is still up and answering.
+    assert shard.sim.executed["lease.release"] == 0
+    assert cleanup.proc.poll() is None
+    assert (await ask(nc, subjects.health("cleanup")))["status"] == 200
+
+
+@pytest.mark.parametrize("subject, payload, names", [
+    (subjects.CLEANUP_SWEEP, {"runId": 5}, "runId"),
+    (subjects.CLEANUP_SWEEP, {"runId": ""}, "runId"),
+    (subjects.CLEANUP_RETRY, {}, "runId"),
+    (subjects.CLEANUP_RECONCILE, {"modules": ["arena.north"]}, "modules"),
+    (subjects.CLEANUP_RECONCILE, {"modules": "arena"}, "modules"),
+])
+async def test_an_invalid_request_is_a_400_naming_the_field(nc, services, subject, payload, names):
+    await start_cleanup(services)
+    reply = await ask(nc, subject, payload)
+    assert reply["status"] == 400 and names in reply["error"]
+
+
+async def test_sweeping_or_retrying_a_run_the_ledger_does_not_know_says_so(nc, ledger, services, unique):
+    await start_cleanup(services)
+    for subject in (subjects.CLEANUP_SWEEP, subjects.CLEANUP_RETRY):
+        reply = await ask(nc, subject, {"runId": f"nope-{unique}"})
+        assert reply["status"] == 404 and f"nope-{unique}" in reply["error"]
+
+
+async def test_a_sweep_with_the_ledger_down_is_a_503_and_the_service_stays_up(nc, services):
+    cleanup = await start_cleanup(services, ledger_timeout_s="1")
+    reply = await ask(nc, subjects.CLEANUP_SWEEP, {})
+    assert reply["status"] == 503 and "no ledger is running" in reply["error"]
+    assert cleanup.proc.poll() is None

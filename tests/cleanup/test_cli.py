@@ -1,0 +1,48 @@
+"""``shardbus cleanup sweep|retry|reconcile``: an operator asks a running cleanup replica and
+reads its answer; with nobody to ask, the command says so plainly."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+from tests.cleanup.conftest import start_cleanup
+
+
+def _shardbus(nats_url: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SHARDBUS_NATS_URL": nats_url}
+    return subprocess.run([sys.executable, "-m", "shardbus", "cleanup", *args], env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+async def test_an_operator_sweeps_from_the_command_line(nats_url, shard, ledger, services, unique):
+    await start_cleanup(services)
+    run = f"run-{unique}"
+    await ledger.run(run, shard.id)
+    (ref,) = (await shard.command("world.spawn", {"runId": run, "what": "npc"}))["body"]["refs"]
+    await ledger.record(run, "npc", ref)
+    await ledger.end(run, "completed")
+
+    # In a thread: the simulated shard answering the despawn lives on this test's event loop.
+    done = await asyncio.to_thread(_shardbus, nats_url, "sweep", "--run-id", run)
+
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["status"] == 200 and answer["run"]["reverted"] == 1
+    assert answer["run"]["cleanupStatus"] == "complete"
+
+
+async def test_a_refused_retry_exits_non_zero_with_the_reason(nats_url, ledger, services, unique):
+    await start_cleanup(services)
+    done = await asyncio.to_thread(_shardbus, nats_url, "retry", "--run-id", f"nope-{unique}")
+    assert done.returncode == 1
+    assert json.loads(done.stdout)["status"] == 404
+
+
+def test_nats_out_of_reach_is_said_without_the_password():
+    done = _shardbus("nats://ops:hunter2-secret@127.0.0.1:1", "sweep")
+    assert done.returncode == 1
+    assert "cannot reach NATS" in done.stderr and "hunter2-secret" not in done.stderr + done.stdout

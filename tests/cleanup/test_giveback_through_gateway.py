@@ -1,0 +1,124 @@
+"""Giving one row back through the real gateway to the shard simulator (and to module revert
+subjects over real NATS): what each kind of answer becomes, and that the idempotency key makes
+a repeat a replay at the shard, never a second execution."""
+
+from __future__ import annotations
+
+from services.cleanup import giveback
+from services.cleanup.classify import Verdict
+from services.cleanup.port import NatsPort
+from tests.cleanup.conftest import Shard
+
+TIMEOUT_S = 5.0
+
+
+def _row(run_id: str, resource_id: int, kind: str, ref: str, module: str = "arena", **revert) -> dict:
+    return {"resourceId": resource_id, "runId": run_id, "module": module, "kind": kind, "ref": ref,
+            "status": "reverting", "attempts": 0, "revert": revert}
+
+
+async def _spawn(shard: Shard, run_id: str, count: int, what: str = "creature") -> list[str]:
+    reply = await shard.command("world.spawn", {"runId": run_id, "what": what, "count": count})
+    assert reply["status"] == 200, reply
+    return reply["body"]["refs"]
+
+
+async def test_a_live_creature_is_despawned_and_a_killed_one_counts_as_given_back(shard, nc):
+    live, killed = await _spawn(shard, "run-a", 2)
+    shard.world.kill(killed)
+    port = NatsPort(nc)
+    assert (await giveback.give_back(port, _row("run-a", 1, "creature", live), shard.id, TIMEOUT_S)).verdict \
+        is Verdict.REVERTED
+    assert (await giveback.give_back(port, _row("run-a", 2, "creature", killed), shard.id, TIMEOUT_S)).verdict \
+        is Verdict.REVERTED
+    assert not shard.world.objects[live].present
+
+
+async def test_giving_the_same_row_back_twice_executes_once_and_replays_once(shard, nc):
+    (ref,) = await _spawn(shard, "run-a", 1)
+    port, row = NatsPort(nc), _row("run-a", 7, "gate", ref)
+    first = await giveback.give_back(port, row, shard.id, TIMEOUT_S)
+    again = await giveback.give_back(port, {**row, "attempts": 1}, shard.id, TIMEOUT_S)
+    assert first.verdict is again.verdict is Verdict.REVERTED
+    assert shard.sim.executed["world.despawn"] == 1
+    assert shard.sim.replayed["world.despawn"] == 1
+
+
+async def test_another_runs_object_is_refused_and_stays(shard, nc):
+    (ref,) = await _spawn(shard, "run-owner", 1)
+    outcome = await giveback.give_back(NatsPort(nc), _row("run-thief", 3, "creature", ref), shard.id, TIMEOUT_S)
+    assert outcome.verdict is Verdict.FAILED
+    assert "never this run's" in outcome.reason
+    assert shard.world.objects[ref].present
+
+
+async def test_a_lease_is_released_to_its_baseline_unless_staff_changed_it(shard, nc):
+    for target in ("north", "south"):
+        reply = await shard.command("lease.apply", {"runId": "run-a", "key": "spawn.rate", "target": target,
+                                                    "value": "3", "holdMs": 600_000})
+        assert reply["status"] == 200, reply
+    shard.world.set_value("spawn.rate", "9", target="south")  # staff, by hand
+    port = NatsPort(nc)
+    released = await giveback.give_back(port, _row("run-a", 1, "lease", "spawn.rate@north", key="spawn.rate",
+                                                   target="north", expected="3", baseline="1"),
+                                        shard.id, TIMEOUT_S)
+    drifted = await giveback.give_back(port, _row("run-a", 2, "lease", "spawn.rate@south", key="spawn.rate",
+                                                  target="south", expected="3", baseline="1"),
+                                       shard.id, TIMEOUT_S)
+    assert released.verdict is Verdict.REVERTED and shard.world.value("spawn.rate", "north") == "1"
+    assert drifted.verdict is Verdict.DRIFTED and '"9"' in drifted.reason
+    assert shard.world.value("spawn.rate", "south") == "9"
+
+
+async def test_a_lease_without_baseline_never_reaches_the_shard(shard, nc):
+    outcome = await giveback.give_back(NatsPort(nc), _row("run-a", 1, "lease", "spawn.rate", key="spawn.rate",
+                                                          expected="3"), shard.id, TIMEOUT_S)
+    assert outcome.verdict is Verdict.FAILED and "'baseline'" in outcome.reason
+    assert shard.sim.executed["lease.release"] == 0
+
+
+async def test_a_shard_no_gateway_holds_is_transient_like_a_503(shard, nc, unique):
+    outcome = await giveback.give_back(NatsPort(nc), _row("run-a", 1, "creature", "0x1"), f"away{unique}", TIMEOUT_S)
+    assert outcome.verdict is Verdict.TRANSIENT
+    assert "503" in outcome.reason and f"away{unique}" in outcome.reason
+
+
+async def test_a_shard_that_does_not_answer_in_time_is_transient(shard, nc):
+    (ref,) = await _spawn(shard, "run-a", 1)
+    shard.sim.mute.add("world.despawn")
+    outcome = await giveback.give_back(NatsPort(nc), _row("run-a", 1, "creature", ref), shard.id, 1.0)
+    assert outcome.verdict is Verdict.TRANSIENT and "504" in outcome.reason
+
+
+async def test_a_module_kind_without_a_responder_fails_with_what_to_do(nc, unique):
+    outcome = await giveback.give_back(NatsPort(nc), _row("run-a", 1, "zone", "arena-north", module=f"m{unique}"),
+                                       "uo1", TIMEOUT_S)
+    assert outcome.verdict is Verdict.FAILED
+    assert f"modules.m{unique}.revert" in outcome.reason and "start it" in outcome.reason
+
+
+async def test_a_module_answering_garbage_fails_with_the_garbage_quoted(nc, unique):
+    async def garbage(msg) -> None:
+        await msg.respond(b"\x00not json at all")
+
+    await nc.subscribe(f"modules.m{unique}.revert", cb=garbage)
+    await nc.flush()
+    outcome = await giveback.give_back(NatsPort(nc), _row("run-a", 1, "zone", "z", module=f"m{unique}"),
+                                       "uo1", TIMEOUT_S)
+    assert outcome.verdict is Verdict.FAILED
+    assert "not json at all" in outcome.reason
+
+
+async def test_a_module_revert_gets_the_rows_revert_data_and_key(nc, unique):
+    seen: list[bytes] = []
+
+    async def module(msg) -> None:
+        seen.append(msg.data)
+        await msg.respond(b'{"status": 200, "result": "removed"}')
+
+    await nc.subscribe(f"modules.m{unique}.revert", cb=module)
+    await nc.flush()
+    outcome = await giveback.give_back(NatsPort(nc), _row("run-a", 5, "zone", "z", module=f"m{unique}", radius=20),
+                                       "uo1", TIMEOUT_S)
+    assert outcome.verdict is Verdict.REVERTED
+    assert b'"revert":{"radius":20}' in seen[0] and b'"idempotencyKey":"cleanup:run-a:5"' in seen[0]
