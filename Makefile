@@ -20,13 +20,14 @@ $(STAMP): pyproject.toml
 up: $(STAMP)
 	$(VENV)/bin/shardbus up
 
+# The fault suite (tests/faults, marked `faults`) runs on its own: make test-faults.
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not faults"
 
 # The same suite against already-running servers (CI: the machine's NATS and PostgreSQL).
 test-local-servers: $(STAMP)
 	SHARDBUS_TEST_NATS_URL=$(LOCAL_NATS_URL) SHARDBUS_TEST_DATABASE_URL=$(LOCAL_DATABASE_URL) \
-		$(PY) -m pytest
+		$(PY) -m pytest -m "not faults"
 
 test-faults: $(STAMP)
 	$(PY) -m pytest -m faults
@@ -34,8 +35,15 @@ test-faults: $(STAMP)
 bench: $(STAMP)
 	@set -e; for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done
 
+# The README's settings table and each service's AsyncAPI document (every subject it
+# serves, with its payload schema), both generated from the code.
 docs: $(STAMP)
 	$(PY) -m shardbus.settings_catalog --update README.md
+	@mkdir -p docs/asyncapi
+	@set -e; for service in gateway ledger cleanup installer; do \
+		$(VENV)/bin/faststream docs gen --factory "services.$$service.app:create_app" \
+			--out docs/asyncapi/$$service.json >/dev/null; \
+		echo "docs/asyncapi/$$service.json"; done
 
 clean:
 	rm -rf $(VENV) .shardbus .pytest_cache

@@ -13,6 +13,9 @@ gateway`` process, each figure beside a raw baseline measured in the same run:
    request/reply to an echo responder in its own process (target ``command_p50_ratio`` <= 2.5).
 
 Run alone: ``python bench/gateway.py [--frames N]``; writes ``bench/results/gateway.json``.
+``--sync always`` runs the same phases on a nats-server that fsyncs every JetStream write
+before acknowledging it (the durable setting ``shardbus up`` ships) and writes
+``bench/results/gateway-sync-always.json`` instead, so the two can be compared.
 """
 
 from __future__ import annotations
@@ -283,10 +286,14 @@ async def measure(nats_url: str, port: int, frames: int) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--frames", type=int, default=200_000, help="frames in the ingest phase")
+    parser.add_argument("--sync", choices=("default", "always"), default="default",
+                        help="JetStream fsync: 'default' (periodic, every 2 min) or 'always' (every "
+                        "write, before its acknowledgement: what shardbus up runs)")
     args = parser.parse_args()
+    print(f"JetStream sync: {args.sync}")
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
         workdir = Path(tmp)
-        server = embedded.start_nats(workdir / "nats")
+        server = embedded.start_nats(workdir / "nats", durable=args.sync == "always")
         gateway = None
         try:
             gateway, port = start_gateway(workdir, server.url)
@@ -299,7 +306,9 @@ def main() -> int:
                "latency_p99_ms_at_1k": results["latency_p99_ms_at_1k"] <= 5.0,
                "command_p50_ratio": results["command_p50_ratio"] <= 2.5}
     results["targets_met"] = targets
-    out = ROOT / "bench" / "results" / "gateway.json"
+    results["sync"] = args.sync
+    name = "gateway.json" if args.sync == "default" else "gateway-sync-always.json"
+    out = ROOT / "bench" / "results" / name
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"targets met: {targets}\nwrote {out.relative_to(ROOT)}")

@@ -174,7 +174,8 @@ async def console_latency(nats_url: str, db_url: str, run_id: str) -> dict[str, 
 def start_ledger(tmp: Path, nats_url: str, db_url: str) -> subprocess.Popen:
     health = tmp / "ledger.health"
     env = {**os.environ, "SHARDBUS_NATS_URL": nats_url, "SHARDBUS_DATABASE_URL": db_url,
-           "SHARDBUS_HEALTH_FILE": str(health), "SHARDBUS_LOG_LEVEL": "WARNING", "SHARDBUS_DB_POOL_SIZE": "10"}
+           "SHARDBUS_HEALTH_FILE": str(health), "SHARDBUS_LOG_LEVEL": "WARNING",
+           "SHARDBUS_DB_POOL_SIZE": os.environ.get("SHARDBUS_DB_POOL_SIZE", "10")}
     log = open(tmp / "ledger.log", "ab")
     proc = subprocess.Popen([sys.executable, "-m", "shardbus", "run", "ledger"], env=env, cwd=ROOT,
                             stdout=log, stderr=subprocess.STDOUT)

@@ -1,5 +1,6 @@
 """The ``shardbus`` command: ``up``, ``run SERVICE``, ``migrate``, ``healthcheck SERVICE``,
-and the commands each service adds in its own ``commands.py`` (``register(subparsers)``)."""
+``status`` (``shardbus/status.py``), and the commands each service adds in its own
+``commands.py`` (``register(subparsers)``)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,23 @@ SERVICES = ("gateway", "ledger", "cleanup", "installer")
 def _cmd_up(args: argparse.Namespace) -> int:
     from shardbus.stack import up
 
-    return up(Path(args.state_dir), args.shard_port)
+    return up(Path(args.state_dir), args.shard_port, args.replicas, args.nats_cluster)
+
+
+def _replicas_arg(spec: str) -> dict[str, int]:
+    from shardbus.stack import parse_replicas
+
+    try:
+        return parse_replicas(spec)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _nats_nodes_arg(value: str) -> int:
+    if value not in {"1", "3", "5"}:
+        raise argparse.ArgumentTypeError(f"{value!r}: a NATS cluster has 1, 3 or 5 nodes "
+                                         "(an odd number, so a majority survives a lost node)")
+    return int(value)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -70,7 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="run the whole system on the embedded default")
     up.add_argument("--state-dir", default=".shardbus", help="where NATS and PostgreSQL keep data")
-    up.add_argument("--shard-port", type=int, default=0, help="TCP port for shards (default: a free one)")
+    up.add_argument("--shard-port", type=int, default=0,
+                    help="TCP port for shards (default: a free one); gateway replicas use the next ones")
+    up.add_argument("--replicas", type=_replicas_arg, default=None, metavar="SERVICE=N,…",
+                    help="processes per service, e.g. gateway=2,ledger=2,cleanup=3,installer=2 (default 1 each)")
+    up.add_argument("--nats-cluster", type=_nats_nodes_arg, default=1, metavar="N",
+                    help="run N clustered nats-server nodes (1, 3 or 5), streams and buckets replicated N ways")
     up.set_defaults(func=_cmd_up)
 
     run = sub.add_parser("run", help="run one service against SHARDBUS_NATS_URL / SHARDBUS_DATABASE_URL")
@@ -84,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     health = sub.add_parser("healthcheck", help="exit 0 when this container's service is healthy")
     health.add_argument("service", choices=SERVICES)
     health.set_defaults(func=_cmd_healthcheck)
+
+    from shardbus import status
+
+    status.register(sub)
 
     for service in SERVICES:
         try:

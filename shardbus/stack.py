@@ -1,6 +1,7 @@
-"""``shardbus up``: the embedded default — a real nats-server and PostgreSQL from pip
-packages, the migrations, and the four services as child processes, supervised until
-Ctrl-C or SIGTERM, then stopped in reverse order so no process is left behind."""
+"""``shardbus up``: the embedded default — a real nats-server (or a cluster of them) and
+PostgreSQL from pip packages, the migrations, and the four services as child processes
+(``--replicas``: several of each), supervised until Ctrl-C or SIGTERM, then stopped in
+reverse order so no process is left behind."""
 
 from __future__ import annotations
 
@@ -28,6 +29,30 @@ DATABASE = "shardbus"
 
 class AlreadyRunning(Exception):
     """Another ``shardbus up`` holds this state directory."""
+
+
+def parse_replicas(spec: str) -> dict[str, int]:
+    """``gateway=2,cleanup=3`` → processes per service (services not named run once).
+
+    Raises ValueError naming what is wrong: an unknown service, a count that is not a
+    positive integer, a service named twice, or a malformed item."""
+    counts = {service: 1 for service in SERVICES}
+    seen: set[str] = set()
+    for item in (part.strip() for part in spec.split(",")):
+        if not item:
+            continue
+        service, sep, count = (x.strip() for x in item.partition("="))
+        if not sep:
+            raise ValueError(f"{item!r} is not SERVICE=COUNT (e.g. gateway=2)")
+        if service not in counts:
+            raise ValueError(f"unknown service {service!r}: choose from {', '.join(SERVICES)}")
+        if service in seen:
+            raise ValueError(f"{service} is named twice")
+        if not count.isdigit() or int(count) < 1:
+            raise ValueError(f"{service}={count}: the count must be a positive whole number")
+        counts[service] = int(count)
+        seen.add(service)
+    return counts
 
 
 @dataclass
@@ -61,12 +86,19 @@ class Stack:
 
     state_dir: Path
     shard_port: int = 0
+    replicas: dict[str, int] = field(default_factory=lambda: {service: 1 for service in SERVICES})
+    nats_nodes: int = 1
     lock: IO[str] | None = None
-    nats: embedded.NatsServer | None = None
+    nats: embedded.NatsServer | embedded.NatsCluster | None = None
     postgres: embedded.PostgresServer | None = None
     children: list[Child] = field(default_factory=list)
     shard_token: str = ""
-    shard_addr: str = ""
+    shard_addrs: list[str] = field(default_factory=list)
+
+    @property
+    def shard_addr(self) -> str:
+        """The first gateway's shard address."""
+        return self.shard_addrs[0] if self.shard_addrs else ""
 
     def acquire(self) -> None:
         """Take the state directory, or raise AlreadyRunning."""
@@ -100,31 +132,50 @@ class Stack:
         logs.mkdir(exist_ok=True)
         run.mkdir(exist_ok=True)
         self.shard_token = self._token()
-        self.nats = embedded.start_nats(self.state_dir / "nats")
+        # The embedded default is durable: JetStream fsyncs each write before acknowledging it.
+        if self.nats_nodes > 1:
+            self.nats = embedded.start_nats_cluster(self.state_dir / "nats-cluster", self.nats_nodes,
+                                                    durable=True)
+        else:
+            self.nats = embedded.start_nats(self.state_dir / "nats", durable=True)
         self.postgres = embedded.start_postgres(self.state_dir / "pg")
         self.postgres.create_database(DATABASE)
         database_url = self.postgres.url(DATABASE)
         asyncio.run(migrate.upgrade(database_url))
-        port = self.shard_port or embedded.free_port()
-        self.shard_addr = f"127.0.0.1:{port}"
         base = {
             **os.environ,
             "SHARDBUS_NATS_URL": self.nats.url,
             "SHARDBUS_DATABASE_URL": database_url,
             "SHARDBUS_SHARD_TOKEN": self.shard_token,
             "SHARDBUS_SHARD_HOST": "127.0.0.1",
-            "SHARDBUS_SHARD_PORT": str(port),
             "SHARDBUS_MIGRATE_ON_START": "false",
+            # Installer replicas share one modules dir; their NATS KV site lock orders them.
             "SHARDBUS_MODULES_DIR": str(self.state_dir / "modules"),
             "SHARDBUS_RECONNECT_WAIT_S": "0.25",
             "SHARDBUS_RECONNECT_WAIT_MAX_S": "2",
+            # Every stream and bucket is kept on as many nodes as there are (at most 5).
+            "SHARDBUS_JETSTREAM_REPLICAS": str(min(self.nats_nodes, 5)),
         }
+        # Each gateway replica listens on its own shard port (consecutive from --shard-port
+        # when one is given); a shard dials any of them.
+        ports = [self.shard_port + i if self.shard_port else embedded.free_port()
+                 for i in range(self.replicas["gateway"])]
+        self.shard_addrs = [f"127.0.0.1:{port}" for port in ports]
         for service in SERVICES:
-            child = Child(service, 1, {**base, "SHARDBUS_HEALTH_FILE": str(run / f"{service}-1.health")},
-                          logs / f"{service}-1.log", run / f"{service}-1.health")
-            child.start()
-            self.children.append(child)
+            for index in range(1, self.replicas[service] + 1):
+                name = f"{service}-{index}"
+                env = {**base, "SHARDBUS_HEALTH_FILE": str(run / f"{name}.health")}
+                if service == "gateway":
+                    env["SHARDBUS_SHARD_PORT"] = str(ports[index - 1])
+                child = Child(service, index, env, logs / f"{name}.log", run / f"{name}.health")
+                child.start()
+                self.children.append(child)
         self._wait_healthy(timeout)
+
+    def describe(self) -> str:
+        """``gateway×2, ledger, …``: what runs, for the ready line."""
+        return ", ".join(service if self.replicas[service] == 1 else f"{service}×{self.replicas[service]}"
+                         for service in SERVICES)
 
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -175,9 +226,13 @@ def _tail(path: Path, lines: int = 20) -> str:
         return ""
 
 
-def up(state_dir: Path, shard_port: int = 0) -> int:
-    """Run the embedded stack in the foreground until Ctrl-C or SIGTERM."""
-    stack = Stack(state_dir.resolve(), shard_port)
+def up(state_dir: Path, shard_port: int = 0, replicas: dict[str, int] | None = None,
+       nats_nodes: int = 1) -> int:
+    """Run the embedded stack in the foreground until Ctrl-C or SIGTERM: ``replicas``
+    processes per service (default one each), on one nats-server or a cluster of
+    ``nats_nodes``."""
+    stack = Stack(state_dir.resolve(), shard_port, replicas or {service: 1 for service in SERVICES},
+                  nats_nodes)
     try:
         stack.acquire()
     except AlreadyRunning as exc:
@@ -197,7 +252,8 @@ def up(state_dir: Path, shard_port: int = 0) -> int:
         print(f"DATABASE_URL={stack.postgres.url(DATABASE)}")
         print(f"SHARD_ADDR={stack.shard_addr}")
         print(f"SHARD_TOKEN={stack.shard_token}")
-        print(f"shardbus is ready: {', '.join(SERVICES)} running; logs in {stack.state_dir / 'logs'}; "
+        print(f"SHARD_ADDRS={','.join(stack.shard_addrs)}")
+        print(f"shardbus is ready: {stack.describe()} running; logs in {stack.state_dir / 'logs'}; "
               "Ctrl-C stops everything.", flush=True)
         while True:
             time.sleep(1.0)

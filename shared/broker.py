@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -70,7 +71,8 @@ def make_app(broker: NatsBroker, service: str) -> FastStream:
 
 def add_health(app: FastStream, broker: NatsBroker, service: str, settings: CommonSettings,
                details: Callable[[], dict[str, Any]] | None = None) -> None:
-    """Answer ``<service>.health`` and, if configured, keep the health file fresh."""
+    """Answer ``<service>.health`` (any one replica) and ``shardbus.ping`` (every replica),
+    and, if configured, keep the health file fresh."""
     started = time.monotonic()
 
     @broker.subscriber(subjects.health(service), queue=f"{service}-health")
@@ -78,6 +80,12 @@ def add_health(app: FastStream, broker: NatsBroker, service: str, settings: Comm
         extra = details() if details else {}
         return replies.ok(service=service, pid=os.getpid(),
                           uptime_s=round(time.monotonic() - started, 3), **extra)
+
+    # No queue group: every replica answers, so ``shardbus status`` can count them.
+    @broker.subscriber(subjects.PING)
+    async def ping() -> dict[str, Any]:
+        return replies.ok(service=service, pid=os.getpid(), host=socket.gethostname(),
+                          uptime_s=round(time.monotonic() - started, 3))
 
     if not settings.health_file:
         return

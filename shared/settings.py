@@ -33,6 +33,11 @@ class CommonSettings(BaseSettings):
     reconnect_wait_max_s: float = Field(
         default=10.0, gt=0, description="Longest pause between NATS reconnect attempts."
     )
+    jetstream_replicas: int = Field(
+        default=1, ge=1, le=5,
+        description="Replicas of every JetStream stream and key-value bucket a service creates "
+        "(3 on a 3-node NATS cluster, so losing one node loses nothing).",
+    )
     health_file: str = Field(
         default="",
         description="If set, the service touches this file every few seconds while its NATS "

@@ -88,6 +88,11 @@ def health(service: str) -> str:
     return f"{service}.health"
 
 
+PING = "shardbus.ping"
+"""Request (no queue group): EVERY replica of every service answers ``{"status": 200,
+"service", "pid", "host", "uptime_s"}``; gather replies for a bounded time to count replicas."""
+
+
 # --- ledger, cleanup, installer ---------------------------------------------------------
 # Each service adds its subjects in a section of its own below.
 

@@ -32,8 +32,9 @@ READ_TIMEOUT_S = 5.0
 class BoardStore:
     """Every board of every shard, as key-value buckets."""
 
-    def __init__(self, nc: Client, prefix: str) -> None:
+    def __init__(self, nc: Client, prefix: str, replicas: int = 1) -> None:
         self.nc, self.js, self.prefix = nc, nc.jetstream(), prefix
+        self.replicas = replicas
         self.buckets: dict[str, KeyValue] = {}
         self.queues: dict[str, asyncio.Queue[tuple[str, str, str, Any]]] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
@@ -46,7 +47,8 @@ class BoardStore:
             try:
                 self.buckets[board] = await self.js.key_value(name)
             except Exception:
-                self.buckets[board] = await self.js.create_key_value(KeyValueConfig(bucket=name, history=1))
+                config = KeyValueConfig(bucket=name, history=1, replicas=self.replicas)
+                self.buckets[board] = await self.js.create_key_value(config)
 
     async def serve(self) -> None:
         """Answer board reads and news additions (queue groups: any replica will do)."""

@@ -118,7 +118,7 @@ class Gateway:
         self.js = nc.jetstream()
         self.links: dict[str, ShardLink] = {}
         self.publishers: dict[str, ShardPublisher] = {}
-        self.boards = BoardStore(nc, settings.board_bucket_prefix)
+        self.boards = BoardStore(nc, settings.board_bucket_prefix, settings.jetstream_replicas)
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
@@ -132,7 +132,8 @@ class Gateway:
         window = self.settings.duplicate_window_s
         for name, subject in ((self.settings.frames_stream, subjects.FRAMES_WILDCARD),
                               (self.settings.deadletter_stream, subjects.DEADLETTER_WILDCARD)):
-            config = StreamConfig(name=name, subjects=[subject], duplicate_window=window)
+            config = StreamConfig(name=name, subjects=[subject], duplicate_window=window,
+                                  num_replicas=self.settings.jetstream_replicas)
             try:
                 await self.js.add_stream(config)
             except BadRequestError:

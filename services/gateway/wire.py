@@ -119,6 +119,9 @@ def check_hello(line: bytes, token_for: Callable[[str], str] | str) -> Hello:
     if not isinstance(protocol, int) or isinstance(protocol, bool):
         raise HelloRefused("server.hello: protocol must be an integer")
     expected = token_for if isinstance(token_for, str) else token_for(shard)
+    if not expected:
+        # An unset token must lock shards out, not let an empty token in.
+        raise HelloRefused(f"server.hello: no token is configured for shard {shard!r}")
     token = frame.get("token")
     if not isinstance(token, str) or not hmac.compare_digest(token.encode(), expected.encode()):
         raise HelloRefused("server.hello: wrong or missing token")

@@ -67,7 +67,7 @@ def create_app(settings: InstallerSettings | None = None) -> FastStream:
     @app.after_startup
     async def open_site() -> None:
         kv = await open_bucket(broker.connection.jetstream(), settings.installer_lock_bucket,
-                               settings.installer_lock_lease_s)
+                               settings.installer_lock_lease_s, settings.jetstream_replicas)
         lock = SiteLock(kv, settings.installer_site, wait_s=settings.installer_lock_wait_s,
                         lease_s=settings.installer_lock_lease_s)
         state["installer"] = SiteInstaller(settings, fetcher, lock)

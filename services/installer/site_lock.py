@@ -37,14 +37,16 @@ MAX_POLL_S = 0.1
 """Longest pause between two tries of a waiter (a try is one small KV request)."""
 
 
-async def open_bucket(js: JetStreamContext, bucket: str, lease_s: float) -> KeyValue:
-    """The lock bucket, created (history 1, max age ``lease_s``) if no replica has yet."""
+async def open_bucket(js: JetStreamContext, bucket: str, lease_s: float, replicas: int = 1) -> KeyValue:
+    """The lock bucket, created (history 1, max age ``lease_s``, ``replicas`` copies on a
+    NATS cluster) if no replica has yet."""
     try:
         return await js.key_value(bucket)
     except (BucketNotFoundError, NotFoundError):
         pass
     try:
-        return await js.create_key_value(KeyValueConfig(bucket=bucket, history=1, ttl=lease_s))
+        return await js.create_key_value(KeyValueConfig(bucket=bucket, history=1, ttl=lease_s,
+                                                       replicas=replicas))
     except BadRequestError:  # another replica created it first, maybe with other settings
         return await js.key_value(bucket)
 

@@ -7,11 +7,14 @@ import asyncio
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import nats
 import psutil
@@ -75,9 +78,20 @@ async def _send_frame(found: dict[str, str], shard: str) -> bytes:
         await nc.close()
 
 
+@pytest.fixture
+def up_state_dir():
+    """A state directory outside pytest's basetemp: a second pytest run side by side resets
+    that tree's permissions, which PostgreSQL (running as another user) then cannot cross."""
+    path = Path(tempfile.mkdtemp(prefix="shardbus-up-test-"))
+    try:
+        yield path / "state"
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.mark.timeout(180)
-def test_up_runs_everything_and_ctrl_c_leaves_no_process(tmp_path):
-    state = tmp_path / "state"
+def test_up_runs_everything_and_ctrl_c_leaves_no_process(up_state_dir):
+    state = up_state_dir
     proc, found = _start_up(state)
     try:
         assert set(found) == set(KEYS)

@@ -1,0 +1,227 @@
+"""``shardbus status``: the operator's view of a running deployment, gathered over NATS.
+
+- every service's replicas: ``shardbus.ping`` is answered by EVERY replica (no queue group),
+  so the replies gathered for a bounded time count them;
+- connected shards and the time of their last line: ``gateway.status``, also answered by every
+  gateway replica (each holds its own shards), gathered the same way;
+- stream and bucket sizes: the JetStream API's stream list (a key-value bucket is a stream
+  named ``KV_<bucket>``);
+- runs whose cleanup is ``incomplete`` (a person's to clear): ``ledger.runs``.
+
+Printed as a table, or as JSON with ``--json`` (the same data). A part that cannot be read
+(e.g. no ledger running) is reported in ``errors`` and the rest is still shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+SERVICES = ("gateway", "ledger", "cleanup", "installer")
+"""The services shown even when no replica answers (0 replicas is the news)."""
+
+DEFAULT_WAIT_S = 1.0
+"""How long replies of every replica are gathered: a replica slower than this is not counted."""
+
+INCOMPLETE_LIMIT = 100
+"""At most this many incomplete runs are listed."""
+
+
+async def _quiet(_exc: Exception) -> None:
+    """nats-py prints every failed connection attempt; the command says it once instead."""
+
+
+async def scatter_gather(nc: Any, subject: str, payload: bytes, wait_s: float) -> list[dict[str, Any]]:
+    """Publish one request and gather every JSON reply that arrives within ``wait_s``.
+
+    A plain ``request`` returns the first reply only; replicas that answer without a queue
+    group all answer, so we listen on our own inbox for the whole window. NATS's "no
+    responders" status (nobody subscribed) ends the wait at once with no replies."""
+    inbox = nc.new_inbox()
+    replies: list[dict[str, Any]] = []
+    done = asyncio.Event()
+
+    async def on_reply(msg: Any) -> None:
+        if msg.headers and msg.headers.get("Status") == "503":  # no responders
+            done.set()
+            return
+        try:
+            data = json.loads(msg.data)
+        except ValueError:
+            return
+        if isinstance(data, dict):
+            replies.append(data)
+
+    sub = await nc.subscribe(inbox, cb=on_reply)
+    try:
+        await nc.publish(subject, payload, reply=inbox)
+        try:
+            await asyncio.wait_for(done.wait(), wait_s)
+        except asyncio.TimeoutError:
+            pass
+    finally:
+        await sub.unsubscribe()
+    return replies
+
+
+def _replicas(pings: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Ping replies grouped by service, each replica once (by host and pid)."""
+    found: dict[str, dict[tuple[str, str], dict[str, Any]]] = {name: {} for name in SERVICES}
+    for reply in pings:
+        service = reply.get("service")
+        if reply.get("status") != 200 or not isinstance(service, str):
+            continue
+        replica = {"host": reply.get("host"), "pid": reply.get("pid"), "uptimeS": reply.get("uptime_s")}
+        found.setdefault(service, {})[(str(replica["host"]), str(replica["pid"]))] = replica
+    return {service: sorted(by_id.values(), key=lambda r: (str(r["host"]), str(r["pid"])))
+            for service, by_id in sorted(found.items())}
+
+
+def _shards(answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every shard every gateway replica holds (a shard is held by one replica at a time)."""
+    shards = [shard for answer in answers if answer.get("status") == 200
+              for shard in answer.get("shards") or [] if isinstance(shard, dict)]
+    return sorted(shards, key=lambda s: str(s.get("shard")))
+
+
+async def _streams(nc: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(streams, buckets): each with its messages and bytes."""
+    streams, buckets = [], []
+    for info in await nc.jetstream().streams_info():
+        row = {"name": info.config.name, "messages": info.state.messages, "bytes": info.state.bytes,
+               "consumers": info.state.consumer_count}
+        if info.config.name.startswith("KV_"):
+            buckets.append({**row, "name": info.config.name[3:]})
+        else:
+            streams.append({**row, "subjects": list(info.config.subjects or [])})
+    return sorted(streams, key=lambda r: r["name"]), sorted(buckets, key=lambda r: r["name"])
+
+
+async def _incomplete_runs(nc: Any, timeout_s: float) -> list[dict[str, Any]]:
+    from shared import subjects
+
+    msg = await nc.request(subjects.LEDGER_RUNS, json.dumps(
+        {"cleanupStatus": "incomplete", "limit": INCOMPLETE_LIMIT}).encode(), timeout=timeout_s)
+    reply = json.loads(msg.data)
+    if reply.get("status") != 200:
+        raise RuntimeError(f"ledger.runs answered {reply.get('status')}: {reply.get('error')}")
+    return list(reply.get("runs") or [])
+
+
+async def gather(nats_url: str, wait_s: float = DEFAULT_WAIT_S) -> dict[str, Any]:
+    """The whole status as one JSON-able dict. Raises ``OSError``/NATS errors only when NATS
+    itself cannot be reached; every other failure lands in ``errors``."""
+    import nats
+
+    from shared import subjects
+    from shared.logs import redact
+    from shared.nats_connect import connection_name
+
+    servers = [url.strip() for url in nats_url.split(",") if url.strip()]
+    nc = await nats.connect(servers, name=connection_name("status"), connect_timeout=5,
+                            allow_reconnect=False, max_reconnect_attempts=1, error_cb=_quiet)
+    errors: list[str] = []
+
+    async def part(name: str, job: Any, fallback: Any) -> Any:
+        try:
+            return await job
+        except Exception as exc:  # one unreadable part must not hide the others
+            errors.append(f"{name}: {redact(str(exc)) or type(exc).__name__}")
+            return fallback
+
+    try:
+        pings, gateways, (streams, buckets), incomplete = await asyncio.gather(
+            part("replicas", scatter_gather(nc, subjects.PING, b"{}", wait_s), []),
+            part("shards", scatter_gather(nc, subjects.GATEWAY_STATUS, b"{}", wait_s), []),
+            part("streams", _streams(nc), ([], [])),
+            part("incomplete runs", _incomplete_runs(nc, max(wait_s, 2.0)), []),
+        )
+    finally:
+        await nc.close()
+    return {
+        "nats": ",".join(redact(url) for url in servers),
+        "at": round(time.time(), 3),
+        "services": {name: {"replicas": len(rs), "instances": rs} for name, rs in _replicas(pings).items()},
+        "shards": _shards(gateways),
+        "streams": streams,
+        "buckets": buckets,
+        "incompleteRuns": incomplete,
+        "errors": errors,
+    }
+
+
+# --- the table ---------------------------------------------------------------------------
+
+def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
+    cells = [headers] + [["" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return ["  ".join(value.ljust(width) for value, width in zip(row, widths)).rstrip() for row in cells]
+
+
+def _ago(ms: Any, now_s: float) -> str:
+    if not isinstance(ms, (int, float)):
+        return "-"
+    return f"{time.strftime('%H:%M:%S', time.gmtime(ms / 1000))}Z ({max(0.0, now_s - ms / 1000):.1f} s ago)"
+
+
+def _seconds(value: Any) -> str:
+    return f"{value:.0f} s" if isinstance(value, (int, float)) else "?"
+
+
+def render(status: dict[str, Any]) -> str:
+    """The status as the terminal table."""
+    now = status["at"]
+    lines = [f"NATS {status['nats']}", "", "SERVICES"]
+    lines += _table(["service", "replicas", "instances (host:pid, up)"],
+                    [[name, s["replicas"], ", ".join(f"{r['host']}:{r['pid']} ({_seconds(r['uptimeS'])})"
+                                                    for r in s["instances"]) or "-"]
+                     for name, s in status["services"].items()])
+    lines += ["", f"SHARDS ({len(status['shards'])} connected)"]
+    lines += _table(["shard", "protocol", "last line", "frames", "unpublished"],
+                    [[s.get("shard"), s.get("protocol"), _ago(s.get("lastLineAt"), now), s.get("frames"),
+                      s.get("unpublished")] for s in status["shards"]])
+    lines += ["", "STREAMS"]
+    lines += _table(["stream", "messages", "bytes", "subjects"],
+                    [[s["name"], s["messages"], s["bytes"], " ".join(s["subjects"])] for s in status["streams"]])
+    lines += ["", "BUCKETS"]
+    lines += _table(["bucket", "entries", "bytes"], [[b["name"], b["messages"], b["bytes"]] for b in status["buckets"]])
+    lines += ["", f"RUNS WITH CLEANUP INCOMPLETE ({len(status['incompleteRuns'])})"]
+    lines += _table(["run", "shard", "event", "status", "ended"],
+                    [[r.get("runId"), r.get("shard"), r.get("event"), r.get("status"), r.get("endedAt")]
+                     for r in status["incompleteRuns"]])
+    if status["errors"]:
+        lines += ["", "COULD NOT READ"] + [f"  {error}" for error in status["errors"]]
+    return "\n".join(lines)
+
+
+# --- the command -------------------------------------------------------------------------
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from nats.errors import NoServersError
+
+    from shared.logs import redact
+    from shared.settings import CommonSettings
+
+    url = args.nats_url or CommonSettings().nats_url
+    try:
+        status = asyncio.run(gather(url, args.wait))
+    except (NoServersError, OSError, asyncio.TimeoutError):
+        print(f"cannot reach NATS at {redact(url)}", file=sys.stderr)
+        return 1
+    print(json.dumps(status, indent=2) if args.json else render(status))
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add ``shardbus status`` to the CLI's subcommands."""
+    cmd = sub.add_parser("status", help="every service's replicas, connected shards, stream and "
+                                        "bucket sizes, runs whose cleanup is incomplete")
+    cmd.add_argument("--json", action="store_true", help="print the same as JSON")
+    cmd.add_argument("--nats-url", default="", help="default: SHARDBUS_NATS_URL")
+    cmd.add_argument("--wait", type=float, default=DEFAULT_WAIT_S,
+                     help="seconds to gather the replies of every replica (default 1)")
+    cmd.set_defaults(func=_cmd_status)

@@ -1,0 +1,85 @@
+"""Fault: the only nats-server is stopped for 10 s and started again (same port, same store)
+while a simulated shard keeps sending frames through a real gateway process. The gateway
+buffers, then pushes back on the shard; once NATS is back every frame is stored exactly
+once, and commands are answered again within seconds of the restart."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import nats
+import pytest
+
+from shardbus import embedded
+from simulator.shard import ShardSimulator
+from tests.faults.harness import TOKEN, Tally, count_stored, keep_commanding, send_frames, \
+    wait_commands_answered
+from tests.processes import ServiceProcesses
+
+pytestmark = pytest.mark.faults
+
+FRAMES = 8000
+"""Frames the shard sends (16 s at 500 frames/s, so sending spans the whole outage)."""
+
+RATE = 500.0
+"""Frames per second."""
+
+OUTAGE_S = 10.0
+"""How long nats-server stays away (the issue's figure)."""
+
+RESUME_WITHIN_S = 5.0
+"""Longest acceptable time from the restart to the first answered command."""
+
+
+@pytest.mark.timeout(120)
+async def test_a_10_s_nats_outage_loses_no_frame(tmp_path, unique):
+    port = embedded.free_port()
+    servers = [embedded.start_nats(tmp_path / "nats", port=port)]
+    procs = ServiceProcesses(tmp_path, servers[0].url)
+    nc = await nats.connect(servers[0].url, connect_timeout=5, max_reconnect_attempts=-1,
+                            reconnect_time_wait=0.2)
+    shard_port = embedded.free_port()
+    sim = ShardSimulator("127.0.0.1", shard_port, f"nr{unique}", TOKEN)
+    tally, stop = Tally(), asyncio.Event()
+    try:
+        procs.start("gateway", shard_token=TOKEN, shard_port=str(shard_port), publish_ack_timeout_s="1",
+                    silence_timeout_s="60")
+        await sim.connect()
+        await wait_commands_answered(nc, sim.shard)
+        commander = asyncio.create_task(keep_commanding(nc, sim.shard, tally, stop))
+        sender = asyncio.create_task(send_frames(sim, tally, FRAMES, RATE))
+
+        async with asyncio.timeout(20):
+            while tally.sent < 1000:
+                await asyncio.sleep(0.01)
+        servers[0].stop()
+        await asyncio.sleep(OUTAGE_S)  # the shard keeps sending; the gateway buffers
+        sent_during_outage = tally.sent - 1000
+        servers.append(embedded.start_nats(tmp_path / "nats", port=port))
+        restarted_at = time.monotonic()
+
+        await asyncio.wait_for(sender, 60)
+        await sim.wait_acked(timeout=60)
+        await asyncio.sleep(1.0)
+        stop.set()
+        await asyncio.wait_for(commander, 10)
+        tally.acknowledged = tally.sent - len(sim.unacked)
+
+        await count_stored(nc, sim.shard, tally, FRAMES)
+        resumed = tally.resumed_after(restarted_at)
+        print(f"\n{tally.line(f'nats-server stopped {OUTAGE_S:.0f} s')}; about {sent_during_outage} frames "
+              f"sent during the outage; commands answered again {resumed:.2f} s after the restart")
+    finally:
+        stop.set()
+        await sim.close()
+        await nc.close()
+        procs.stop_all()
+        for server in servers:
+            server.stop()
+
+    assert sent_during_outage > 1000, "the shard should have kept sending during the outage"
+    assert tally.acknowledged == FRAMES
+    assert tally.lost == 0 and tally.duplicated == 0, tally.line("nats-server restarted")
+    assert tally.stored == FRAMES
+    assert resumed < RESUME_WITHIN_S, f"commands answered again only {resumed:.2f} s after the restart"

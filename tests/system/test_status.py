@@ -1,0 +1,144 @@
+"""``shardbus status`` against real servers and real service processes: replicas counted
+through ``shardbus.ping`` (two ledgers are two), a connected shard with its last line, stream
+and bucket sizes, and a run whose cleanup is incomplete; the table and ``--json``.
+
+It runs its own nats-server, so the replicas it counts are exactly the ones it started
+(the session's server may be shared with other test runs)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats
+import pytest
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from shardbus import embedded
+from shared import subjects
+from simulator.shard import ShardSimulator
+from tests.processes import ServiceProcesses
+
+TOKEN = "status-test-token-1234"
+
+
+@pytest.fixture
+def own_nats() -> Iterator[str]:
+    state = Path(tempfile.mkdtemp(prefix="shardbus-status-nats-"))
+    server = embedded.start_nats(state)
+    try:
+        yield server.url
+    finally:
+        server.stop()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def status(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shardbus", "status", "--nats-url", url, *extra],
+                          capture_output=True, text=True, timeout=30)
+
+
+async def ask(nc: nats.NATS, subject: str, body: dict) -> dict:
+    reply = json.loads((await nc.request(subject, json.dumps(body).encode(), timeout=10)).data)
+    assert reply["status"] == 200, (subject, reply)
+    return reply
+
+
+async def held_shards(nc: nats.NATS) -> set[str]:
+    """The shards every gateway replica says it holds (each answers ``gateway.status``)."""
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.publish(subjects.GATEWAY_STATUS, b"{}", reply=inbox)
+    held: set[str] = set()
+    try:
+        while True:
+            held |= {s["shard"] for s in json.loads((await sub.next_msg(timeout=0.3)).data).get("shards", [])}
+    except NatsTimeoutError:
+        pass
+    finally:
+        await sub.unsubscribe()
+    return held
+
+
+async def make_incomplete_run(nc: nats.NATS, shard: str) -> str:
+    """A finished run whose only resource's give-back was refused: cleanup incomplete."""
+    run_id = (await ask(nc, subjects.LEDGER_RUN_CREATE, {"shard": shard, "event": "storm"}))["run"]["runId"]
+    await ask(nc, subjects.LEDGER_RESOURCE_RECORD, {"runId": run_id, "module": "events", "kind": "creature",
+                                                    "ref": "c1", "idempotencyKey": "k1"})
+    for step in ("running", "completed"):
+        await ask(nc, subjects.LEDGER_RUN_STATUS, {"runId": run_id, "status": step})
+    claimed = await ask(nc, subjects.LEDGER_SWEEP_CLAIM, {"runId": run_id, "maxAttempts": 3, "limit": 10,
+                                                          "claimTimeoutS": 60})
+    for row in claimed["resources"]:
+        await ask(nc, subjects.LEDGER_SWEEP_FAILED, {"resourceId": row["resourceId"], "error": "refused",
+                                                     "transient": False})
+    finished = await ask(nc, subjects.LEDGER_SWEEP_FINISH, {"runId": run_id, "maxAttempts": 3, "summary": {}})
+    assert finished["run"]["cleanupStatus"] == "incomplete"
+    return run_id
+
+
+async def test_status_counts_replicas_and_shows_shards_streams_and_incomplete_runs(own_nats, database_url, tmp_path):
+    services = ServiceProcesses(tmp_path, own_nats)
+    sims: list[ShardSimulator] = []
+    nc = await nats.connect(own_nats, connect_timeout=5, max_reconnect_attempts=1)
+    try:
+        services.start("ledger", database_url=database_url)
+        services.start("ledger", database_url=database_url, migrate_on_start="false")
+        # Two gateway replicas, one shard each: gateway.status must be asked of both.
+        for shard in ("uos", "uot"):
+            port = embedded.free_port()
+            services.start("gateway", shard_token=TOKEN, shard_port=str(port))
+            sims.append(ShardSimulator("127.0.0.1", port, shard, TOKEN))
+            await sims[-1].connect()
+        await sims[0].send("guild.update", guild={"id": 1, "name": "A"})
+        run_id = await make_incomplete_run(nc, "uos")
+        async with asyncio.timeout(10):  # each shard is held once its gateway says so
+            while {"uos", "uot"} - await held_shards(nc):
+                await asyncio.sleep(0.05)
+
+        done = await asyncio.to_thread(status, own_nats, "--json")
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        assert report["errors"] == []
+        replicas = {name: s["replicas"] for name, s in report["services"].items()}
+        assert replicas == {"gateway": 2, "ledger": 2, "cleanup": 0, "installer": 0}
+        ledger_pids = {i["pid"] for i in report["services"]["ledger"]["instances"]}
+        assert ledger_pids == {h.proc.pid for h in services.started if h.name == "ledger"}
+        assert [s["shard"] for s in report["shards"]] == ["uos", "uot"]
+        shard = report["shards"][0]
+        assert shard["protocol"] == 7 and shard["lastLineAt"] > 0 and shard["frames"] >= 1
+        frames = next(s for s in report["streams"] if s["name"] == "SHARD_FRAMES")
+        assert frames["messages"] >= 2 and frames["bytes"] > 0  # the hello and the guild
+        guilds = next(b for b in report["buckets"] if b["name"] == "BOARD_GUILDS")
+        assert guilds["messages"] >= 1
+        assert [r["runId"] for r in report["incompleteRuns"]] == [run_id]
+
+        table = await asyncio.to_thread(status, own_nats)
+        assert table.returncode == 0, table.stderr
+        rows = {line.split()[0]: line.split() for line in table.stdout.splitlines() if line.strip()}
+        assert rows["ledger"][1] == "2" and rows["gateway"][1] == "2" and rows["cleanup"][1] == "0"
+        assert {"uos", "uot", run_id, "SHARD_FRAMES", "BOARD_GUILDS"} <= set(rows)
+    finally:
+        for sim in sims:
+            await sim.close()
+        await nc.close()
+        services.stop_all()
+
+
+async def test_status_with_nothing_running_says_so_and_status_without_nats_fails_cleanly(own_nats):
+    done = await asyncio.to_thread(status, own_nats, "--json", "--wait", "0.3")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert all(s["replicas"] == 0 for s in report["services"].values()) and report["shards"] == []
+    assert any(error.startswith("incomplete runs") for error in report["errors"])  # no ledger answers
+
+    url = f"nats://someone:hunter2secret@127.0.0.1:{embedded.free_port()}"
+    failed = await asyncio.to_thread(status, url)
+    assert failed.returncode == 1 and "cannot reach NATS" in failed.stderr
+    assert "hunter2secret" not in failed.stderr + failed.stdout

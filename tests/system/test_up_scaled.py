@@ -1,0 +1,214 @@
+"""``shardbus up`` at scale: ``--replicas`` starts that many healthy processes per service
+(every gateway on its own shard port), ``--nats-cluster 3`` runs three clustered nats-server
+nodes with the streams replicated three ways, a bad spec is refused clearly, and Ctrl-C
+leaves nothing running."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats
+import psutil
+import pytest
+
+from shared import subjects
+from shared.broker import health_file_is_fresh
+
+READY_WITHIN_S = 45
+"""How long ``shardbus up`` may take to print its ready line."""
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    """A state directory for ``shardbus up``, outside pytest's basetemp: a concurrent pytest
+    run resets /tmp/pytest-of-<user> to 0700, and PostgreSQL (its own system user) then
+    cannot reach its data directory."""
+    path = Path(tempfile.mkdtemp(prefix="shardbus-up-test-"))
+    try:
+        yield path / "state"
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _env() -> dict[str, str]:
+    # The stack sets every SHARDBUS_ variable itself; a test run's own must not leak in.
+    return {k: v for k, v in os.environ.items() if not k.startswith("SHARDBUS_")}
+
+
+def _start_up(state_dir: Path, *args: str) -> tuple[subprocess.Popen, dict[str, str]]:
+    """Start ``shardbus up`` with ``args``; return it and its KEY=value lines once ready."""
+    proc = subprocess.Popen([sys.executable, "-m", "shardbus", "up", "--state-dir", str(state_dir), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    found: dict[str, str] = {}
+    seen: list[str] = []
+    deadline = time.monotonic() + READY_WITHIN_S
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=0.5).rstrip("\n")
+        except queue.Empty:
+            if proc.poll() is not None:
+                break
+            continue
+        seen.append(line)
+        key, sep, value = line.partition("=")
+        if sep and key.isupper():
+            found[key] = value
+        if "is ready" in line:
+            return proc, found
+    _stop(proc)
+    raise AssertionError("shardbus up did not get ready:\n" + "\n".join(seen))
+
+
+def _stop(proc: subprocess.Popen) -> list[psutil.Process]:
+    """Ctrl-C ``shardbus up``; return whatever it started that is still alive after."""
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+    _gone, alive = psutil.wait_procs(family, timeout=10)
+    for leftover in alive:  # never leave them behind, even when the assertion fails
+        leftover.kill()
+    return alive
+
+
+def _services_running(proc: subprocess.Popen) -> Counter[str]:
+    """How many ``shardbus run SERVICE`` processes ``shardbus up`` has, per service."""
+    counts: Counter[str] = Counter()
+    for child in psutil.Process(proc.pid).children():
+        cmd = child.cmdline()
+        if cmd[-3:-1] == ["shardbus", "run"]:
+            counts[cmd[-1]] += 1
+    return counts
+
+
+def _nats_servers(proc: subprocess.Popen) -> list[psutil.Process]:
+    return [c for c in psutil.Process(proc.pid).children() if c.name().startswith("nats-server")]
+
+
+async def _frame_arrives(nats_url: str, shard_addr: str, token: str, shard: str) -> bytes:
+    """Send one frame to the gateway at ``shard_addr`` as ``shard``; return what a NATS
+    subscriber received."""
+    nc = await nats.connect(nats_url.split(","), connect_timeout=5)
+    try:
+        sub = await nc.subscribe(subjects.frame(shard, "player.login"))
+        await nc.flush()
+        host, port = shard_addr.rsplit(":", 1)
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 5)
+        hello = {"t": 1, "kind": "server.hello", "shard": shard, "protocol": 7, "token": token}
+        line = b'{"t":2,"kind":"player.login","name":"Dupre"}'
+        writer.write(json.dumps(hello).encode() + b"\n" + line + b"\n")
+        await writer.drain()
+        msg = await sub.next_msg(timeout=5)
+        writer.close()
+        return msg.data
+    finally:
+        await nc.close()
+
+
+async def _stream_info_once_stored(nats_url: str, stream: str, timeout: float = 10.0):
+    """The stream's info once it holds a message: a live subscriber may see a frame a moment
+    before the stream's replicas have stored it (fsync on every write, three nodes)."""
+    nc = await nats.connect(nats_url.split(","), connect_timeout=5)
+    try:
+        deadline = time.monotonic() + timeout
+        while (info := await nc.jetstream().stream_info(stream)).state.messages == 0:
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        return info
+    finally:
+        await nc.close()
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("gateway=0", "positive whole number"),
+    ("ledger=-1", "positive whole number"),
+    ("cleanup=two", "positive whole number"),
+    ("website=2", "unknown service 'website'"),
+    ("gateway", "SERVICE=COUNT"),
+    ("cleanup=2,cleanup=3", "named twice"),
+])
+def test_a_bad_replicas_spec_is_refused_with_a_clear_message(tmp_path, spec, message):
+    done = subprocess.run([sys.executable, "-m", "shardbus", "up", "--state-dir", str(tmp_path / "s"),
+                           "--replicas", spec], capture_output=True, text=True, timeout=30, env=_env())
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert not (tmp_path / "s").exists()  # refused before anything started
+
+
+def test_an_even_nats_cluster_is_refused(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "shardbus", "up", "--state-dir", str(tmp_path / "s"),
+                           "--nats-cluster", "2"], capture_output=True, text=True, timeout=30, env=_env())
+    assert done.returncode == 2
+    assert "1, 3 or 5" in done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_replicas_start_that_many_healthy_processes_and_ctrl_c_leaves_none(state_dir):
+    started = time.monotonic()
+    state = state_dir
+    proc, found = _start_up(state, "--replicas", "gateway=2,ledger=2,cleanup=3,installer=2")
+    try:
+        assert _services_running(proc) == {"gateway": 2, "ledger": 2, "cleanup": 3, "installer": 2}
+        health = sorted(p.name for p in (state / "run").glob("*.health") if health_file_is_fresh(str(p)))
+        assert health == ["cleanup-1.health", "cleanup-2.health", "cleanup-3.health", "gateway-1.health",
+                          "gateway-2.health", "installer-1.health", "installer-2.health", "ledger-1.health",
+                          "ledger-2.health"]
+        assert len({p.name for p in (state / "logs").glob("*.log")}) == 9
+
+        # The four lines a single stack prints are still there; every gateway has its own port.
+        addrs = found["SHARD_ADDRS"].split(",")
+        assert len(set(addrs)) == 2 and found["SHARD_ADDR"] == addrs[0]
+        for i, addr in enumerate(addrs):
+            data = asyncio.run(_frame_arrives(found["NATS_URL"], addr, found["SHARD_TOKEN"], f"rep{i}"))
+            assert b"Dupre" in data
+    finally:
+        alive = _stop(proc)
+    assert proc.returncode == 0
+    assert alive == [], f"left running: {alive}"
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.timeout(120)
+def test_a_three_node_nats_cluster_carries_frames_on_a_stream_with_three_replicas(state_dir):
+    started = time.monotonic()
+    proc, found = _start_up(state_dir, "--nats-cluster", "3")
+    try:
+        urls = found["NATS_URL"].split(",")
+        assert len(set(urls)) == 3
+        assert len(_nats_servers(proc)) == 3
+
+        data = asyncio.run(_frame_arrives(found["NATS_URL"], found["SHARD_ADDR"], found["SHARD_TOKEN"], "c3"))
+        assert b"Dupre" in data
+
+        info = asyncio.run(_stream_info_once_stored(found["NATS_URL"], "SHARD_FRAMES"))
+        assert info.config.num_replicas == 3
+        assert info.cluster is not None and info.cluster.leader
+        assert len(info.cluster.replicas or []) == 2  # the leader plus two followers
+        assert info.state.messages >= 1
+    finally:
+        alive = _stop(proc)
+    assert proc.returncode == 0
+    assert alive == [], f"left running: {alive}"
+    assert time.monotonic() - started < 60
