@@ -8,14 +8,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -24,18 +21,6 @@ import pytest
 from shardbus import embedded
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def state_dir() -> Iterator[Path]:
-    """A state directory for ``shardbus up``, outside pytest's basetemp: a concurrent pytest
-    run resets /tmp/pytest-of-<user> to 0700, and PostgreSQL (its own system user) then
-    cannot reach its data directory."""
-    path = Path(tempfile.mkdtemp(prefix="shardbus-up-test-"))
-    try:
-        yield path / "state"
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _jetstream_config(monitor_port: int) -> dict:

@@ -7,18 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import queue
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 
 import nats
 import psutil
@@ -26,71 +18,7 @@ import pytest
 
 from shared import subjects
 from shared.broker import health_file_is_fresh
-
-READY_WITHIN_S = 45
-"""How long ``shardbus up`` may take to print its ready line."""
-
-
-@pytest.fixture
-def state_dir() -> Iterator[Path]:
-    """A state directory for ``shardbus up``, outside pytest's basetemp: a concurrent pytest
-    run resets /tmp/pytest-of-<user> to 0700, and PostgreSQL (its own system user) then
-    cannot reach its data directory."""
-    path = Path(tempfile.mkdtemp(prefix="shardbus-up-test-"))
-    try:
-        yield path / "state"
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _env() -> dict[str, str]:
-    # The stack sets every SHARDBUS_ variable itself; a test run's own must not leak in.
-    return {k: v for k, v in os.environ.items() if not k.startswith("SHARDBUS_")}
-
-
-def _start_up(state_dir: Path, *args: str) -> tuple[subprocess.Popen, dict[str, str]]:
-    """Start ``shardbus up`` with ``args``; return it and its KEY=value lines once ready."""
-    proc = subprocess.Popen([sys.executable, "-m", "shardbus", "up", "--state-dir", str(state_dir), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
-    found: dict[str, str] = {}
-    seen: list[str] = []
-    deadline = time.monotonic() + READY_WITHIN_S
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=0.5).rstrip("\n")
-        except queue.Empty:
-            if proc.poll() is not None:
-                break
-            continue
-        seen.append(line)
-        key, sep, value = line.partition("=")
-        if sep and key.isupper():
-            found[key] = value
-        if "is ready" in line:
-            return proc, found
-    _stop(proc)
-    raise AssertionError("shardbus up did not get ready:\n" + "\n".join(seen))
-
-
-def _stop(proc: subprocess.Popen) -> list[psutil.Process]:
-    """Ctrl-C ``shardbus up``; return whatever it started that is still alive after."""
-    try:
-        family = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        family = []
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
-    _gone, alive = psutil.wait_procs(family, timeout=10)
-    for leftover in alive:  # never leave them behind, even when the assertion fails
-        leftover.kill()
-    return alive
-
+from tests.system.up_process import start_up, stop_up, up_env
 
 def _services_running(proc: subprocess.Popen) -> Counter[str]:
     """How many ``shardbus run SERVICE`` processes ``shardbus up`` has, per service."""
@@ -151,7 +79,7 @@ async def _stream_info_once_stored(nats_url: str, stream: str, timeout: float = 
 ])
 def test_a_bad_replicas_spec_is_refused_with_a_clear_message(tmp_path, spec, message):
     done = subprocess.run([sys.executable, "-m", "shardbus", "up", "--state-dir", str(tmp_path / "s"),
-                           "--replicas", spec], capture_output=True, text=True, timeout=30, env=_env())
+                           "--replicas", spec], capture_output=True, text=True, timeout=30, env=up_env())
     assert done.returncode == 2
     assert message in done.stderr
     assert not (tmp_path / "s").exists()  # refused before anything started
@@ -159,7 +87,7 @@ def test_a_bad_replicas_spec_is_refused_with_a_clear_message(tmp_path, spec, mes
 
 def test_an_even_nats_cluster_is_refused(tmp_path):
     done = subprocess.run([sys.executable, "-m", "shardbus", "up", "--state-dir", str(tmp_path / "s"),
-                           "--nats-cluster", "2"], capture_output=True, text=True, timeout=30, env=_env())
+                           "--nats-cluster", "2"], capture_output=True, text=True, timeout=30, env=up_env())
     assert done.returncode == 2
     assert "1, 3 or 5" in done.stderr
 
@@ -168,7 +96,7 @@ def test_an_even_nats_cluster_is_refused(tmp_path):
 def test_replicas_start_that_many_healthy_processes_and_ctrl_c_leaves_none(state_dir):
     started = time.monotonic()
     state = state_dir
-    proc, found = _start_up(state, "--replicas", "gateway=2,ledger=2,cleanup=3,installer=2")
+    proc, found = start_up(state, "--replicas", "gateway=2,ledger=2,cleanup=3,installer=2")
     try:
         assert _services_running(proc) == {"gateway": 2, "ledger": 2, "cleanup": 3, "installer": 2}
         health = sorted(p.name for p in (state / "run").glob("*.health") if health_file_is_fresh(str(p)))
@@ -184,7 +112,7 @@ def test_replicas_start_that_many_healthy_processes_and_ctrl_c_leaves_none(state
             data = asyncio.run(_frame_arrives(found["NATS_URL"], addr, found["SHARD_TOKEN"], f"rep{i}"))
             assert b"Dupre" in data
     finally:
-        alive = _stop(proc)
+        alive = stop_up(proc)
     assert proc.returncode == 0
     assert alive == [], f"left running: {alive}"
     assert time.monotonic() - started < 60
@@ -193,7 +121,7 @@ def test_replicas_start_that_many_healthy_processes_and_ctrl_c_leaves_none(state
 @pytest.mark.timeout(120)
 def test_a_three_node_nats_cluster_carries_frames_on_a_stream_with_three_replicas(state_dir):
     started = time.monotonic()
-    proc, found = _start_up(state_dir, "--nats-cluster", "3")
+    proc, found = start_up(state_dir, "--nats-cluster", "3")
     try:
         urls = found["NATS_URL"].split(",")
         assert len(set(urls)) == 3
@@ -208,7 +136,7 @@ def test_a_three_node_nats_cluster_carries_frames_on_a_stream_with_three_replica
         assert len(info.cluster.replicas or []) == 2  # the leader plus two followers
         assert info.state.messages >= 1
     finally:
-        alive = _stop(proc)
+        alive = stop_up(proc)
     assert proc.returncode == 0
     assert alive == [], f"left running: {alive}"
     assert time.monotonic() - started < 60

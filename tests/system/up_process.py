@@ -1,0 +1,67 @@
+"""``shardbus up`` as a test drives it: started in a subprocess with a clean environment,
+read until its ready line, and stopped with Ctrl-C, reporting whatever it left alive."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+READY_WITHIN_S = 45
+"""How long ``shardbus up`` may take to print its ready line."""
+
+
+def up_env() -> dict[str, str]:
+    # The stack sets every SHARDBUS_ variable itself; a test run's own must not leak in.
+    return {k: v for k, v in os.environ.items() if not k.startswith("SHARDBUS_")}
+
+
+def start_up(state_dir: Path, *args: str) -> tuple[subprocess.Popen, dict[str, str]]:
+    """Start ``shardbus up`` with ``args``; return it and its KEY=value lines once ready."""
+    proc = subprocess.Popen([sys.executable, "-m", "shardbus", "up", "--state-dir", str(state_dir), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=up_env())
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    found: dict[str, str] = {}
+    seen: list[str] = []
+    deadline = time.monotonic() + READY_WITHIN_S
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=0.5).rstrip("\n")
+        except queue.Empty:
+            if proc.poll() is not None:
+                break
+            continue
+        seen.append(line)
+        key, sep, value = line.partition("=")
+        if sep and key.isupper():
+            found[key] = value
+        if "is ready" in line:
+            return proc, found
+    stop_up(proc)
+    raise AssertionError("shardbus up did not get ready:\n" + "\n".join(seen))
+
+
+def stop_up(proc: subprocess.Popen) -> list[psutil.Process]:
+    """Ctrl-C ``shardbus up``; return whatever it started that is still alive after."""
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+    _gone, alive = psutil.wait_procs(family, timeout=10)
+    for leftover in alive:  # never leave them behind, even when the assertion fails
+        leftover.kill()
+    return alive
