@@ -124,3 +124,14 @@ async def collect(nc: nats.NATS, subject: str, count: int, timeout: float = 10.0
     finally:
         await sub.unsubscribe()
     return got[:count]
+
+
+async def refused(running, shard: str, token: str) -> bool:
+    """True when the gateway closes a connection saying hello with ``token``."""
+    sim = ShardSimulator("127.0.0.1", running.port, shard, token)
+    try:
+        await sim.connect()
+        await asyncio.wait_for(sim.disconnected.wait(), 5)
+        return shard not in running.gateway.links
+    finally:
+        await sim.close()

@@ -9,8 +9,7 @@ import json
 
 from services.gateway.links import REASON_HEADER
 from shared import subjects
-from simulator.shard import ShardSimulator
-from tests.gateway.conftest import INTEREST_SETTLE_S, TOKEN, collect, wait_until
+from tests.gateway.conftest import INTEREST_SETTLE_S, TOKEN, collect, refused, wait_until
 
 
 async def stored_frames(nc, shard: str, expect: int, timeout: float = 10.0) -> list:
@@ -94,17 +93,6 @@ async def test_an_over_long_line_closes_only_that_connection(start_gateway, shar
     await asyncio.wait_for(noisy.disconnected.wait(), 5)
     got = await collect(nc, subjects.frame(calm.shard, "ok"), 1, start=lambda: calm.send("ok"))
     assert len(got) == 1 and calm.shard in running.gateway.links
-
-
-async def refused(running, shard: str, token: str) -> bool:
-    """True when the gateway closes a connection saying hello with ``token``."""
-    sim = ShardSimulator("127.0.0.1", running.port, shard, token)
-    try:
-        await sim.connect()
-        await asyncio.wait_for(sim.disconnected.wait(), 5)
-        return shard not in running.gateway.links
-    finally:
-        await sim.close()
 
 
 async def test_a_wrong_token_is_refused(gateway, unique):

@@ -11,19 +11,7 @@ import pytest
 
 from services.gateway.wire import HelloRefused, check_hello
 from shared import subjects
-from simulator.shard import ShardSimulator
-from tests.gateway.conftest import INTEREST_SETTLE_S, TOKEN
-
-
-async def hello_refused(running, shard: str, token: str) -> bool:
-    """True when the gateway closes a connection saying hello as ``shard`` with ``token``."""
-    sim = ShardSimulator("127.0.0.1", running.port, shard, token)
-    try:
-        await sim.connect()
-        await asyncio.wait_for(sim.disconnected.wait(), 5)
-        return shard not in running.gateway.links
-    finally:
-        await sim.close()
+from tests.gateway.conftest import INTEREST_SETTLE_S, TOKEN, refused
 
 
 async def test_a_shard_cannot_say_hello_as_another_shard(start_gateway, shard_sims, nc, unique):
@@ -39,9 +27,9 @@ async def test_a_shard_cannot_say_hello_as_another_shard(start_gateway, shard_si
     await nc.flush(timeout=5)
     await asyncio.sleep(INTEREST_SETTLE_S)
 
-    assert await hello_refused(running, second, tokens[first])  # first's token, second's id
-    assert await hello_refused(running, second, TOKEN)  # the common token is not enough either
-    assert await hello_refused(running, first, tokens[second])
+    assert await refused(running, second, tokens[first])  # first's token, second's id
+    assert await refused(running, second, TOKEN)  # the common token is not enough either
+    assert await refused(running, first, tokens[second])
     await asyncio.sleep(0.2)
     assert heard == []  # no hello of the impostor reached the stream
 
@@ -59,7 +47,7 @@ async def test_a_per_shard_token_is_never_logged(start_gateway, unique, caplog):
     own = secrets.token_urlsafe(16)
     running = await start_gateway(shard_tokens={f"a{unique}": own})
     with caplog.at_level("INFO"):
-        assert await hello_refused(running, f"b{unique}", own)
+        assert await refused(running, f"b{unique}", own)
     assert "hello refused" in caplog.text and own not in caplog.text
 
 
