@@ -67,15 +67,23 @@ def quoted(value: Any) -> str:
         return preview(repr(value))
 
 
-def _envelope(what: str, reply: Any) -> tuple[int | None, dict[str, Any] | None, Outcome | None]:
-    """Check the reply envelope: ``(status, reply, None)`` or ``(None, None, failure)``."""
+def _payload(what: str, reply: Any, *, in_body: bool) -> tuple[dict[str, Any] | None, Outcome | None]:
+    """What a 200 answer says — the gateway's ``body`` (``in_body``) or a module's reply
+    itself — as ``(payload, None)``; any other answer as ``(None, its outcome)``."""
     if not isinstance(reply, dict):
-        return None, None, Outcome(Verdict.FAILED, f"{what} answered something that is not a JSON object: "
-                                                     f"{preview(reply)}")
+        return None, Outcome(Verdict.FAILED, f"{what} answered something that is not a JSON object: "
+                                             f"{preview(reply)}")
     status = reply.get("status")
     if not isinstance(status, int) or isinstance(status, bool):
-        return None, None, Outcome(Verdict.FAILED, f"{what} answered without an integer status: {preview(reply)}")
-    return status, reply, None
+        return None, Outcome(Verdict.FAILED, f"{what} answered without an integer status: {preview(reply)}")
+    if status != 200:
+        return None, _not_ok(what, status, reply)
+    if not in_body:
+        return reply, None
+    body = reply.get("body")
+    if not isinstance(body, dict):
+        return None, Outcome(Verdict.FAILED, f"{what} answered 200 without a body object: {preview(reply)}")
+    return body, None
 
 
 def _not_ok(what: str, status: int, reply: dict[str, Any]) -> Outcome:
@@ -94,14 +102,9 @@ def _not_ok(what: str, status: int, reply: dict[str, Any]) -> Outcome:
 def despawn_answer(reply: Any) -> Outcome:
     """Classify the gateway's reply to ``world.despawn``."""
     what = "world.despawn"
-    status, reply, failure = _envelope(what, reply)
+    body, failure = _payload(what, reply, in_body=True)
     if failure:
         return failure
-    if status != 200:
-        return _not_ok(what, status, reply)
-    body = reply.get("body")
-    if not isinstance(body, dict):
-        return Outcome(Verdict.FAILED, f"{what} answered 200 without a body object: {preview(reply)}")
     result = body.get("result")
     if result in GIVEN_BACK:
         return Outcome(Verdict.REVERTED)
@@ -119,14 +122,9 @@ def despawn_answer(reply: Any) -> Outcome:
 def release_answer(reply: Any) -> Outcome:
     """Classify the gateway's reply to ``lease.release``."""
     what = "lease.release"
-    status, reply, failure = _envelope(what, reply)
+    body, failure = _payload(what, reply, in_body=True)
     if failure:
         return failure
-    if status != 200:
-        return _not_ok(what, status, reply)
-    body = reply.get("body")
-    if not isinstance(body, dict):
-        return Outcome(Verdict.FAILED, f"{what} answered 200 without a body object: {preview(reply)}")
     kind = body.get("kind")
     if kind == "lease.released":
         return Outcome(Verdict.REVERTED)
@@ -145,11 +143,9 @@ def release_answer(reply: Any) -> Outcome:
 def module_answer(module: str, reply: Any) -> Outcome:
     """Classify a module's reply to ``modules.<module>.revert``."""
     what = f"module {module!r} revert"
-    status, reply, failure = _envelope(what, reply)
+    reply, failure = _payload(what, reply, in_body=False)
     if failure:
         return failure
-    if status != 200:
-        return _not_ok(what, status, reply)
     result = reply.get("result")
     if result in GIVEN_BACK:
         return Outcome(Verdict.REVERTED)

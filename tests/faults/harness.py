@@ -124,3 +124,17 @@ async def count_stored(nc: nats.NATS, shard: str, tally: Tally, expect: int, tim
     tally.stored = len(set(numbers))
     tally.duplicated = len(numbers) - len(set(numbers))
     tally.lost = len(set(range(expect)) - set(numbers))
+
+
+async def finish_and_count(nc: nats.NATS, sim: ShardSimulator, tally: Tally, sender: asyncio.Task,
+                           commander: asyncio.Task, stop: asyncio.Event, expect: int,
+                           ack_timeout: float = 30.0) -> None:
+    """End a scenario the same way every time: let the shard finish sending and see every frame
+    acknowledged, give the commands a last second, then count what the stream holds."""
+    await asyncio.wait_for(sender, 60)
+    await sim.wait_acked(timeout=ack_timeout)
+    await asyncio.sleep(1.0)  # a last second of commands after the frames
+    stop.set()
+    await asyncio.wait_for(commander, 10)
+    tally.acknowledged = tally.sent - len(sim.unacked)
+    await count_stored(nc, sim.shard, tally, expect)

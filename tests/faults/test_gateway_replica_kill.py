@@ -14,7 +14,7 @@ import pytest
 
 from shardbus import embedded
 from simulator.shard import ShardSimulator
-from tests.faults.harness import TOKEN, Tally, count_stored, keep_commanding, send_frames, \
+from tests.faults.harness import TOKEN, Tally, finish_and_count, keep_commanding, send_frames, \
     wait_commands_answered
 from tests.processes import ServiceProcesses
 
@@ -68,14 +68,7 @@ async def test_sigkill_of_a_gateway_replica_loses_no_frame(nats_url, tmp_path, u
         procs.stop(first, signal.SIGKILL)
         killed_at = time.monotonic()
 
-        await asyncio.wait_for(sender, 60)
-        await sim.wait_acked(timeout=30)
-        await asyncio.sleep(1.0)
-        stop.set()
-        await asyncio.wait_for(commander, 10)
-        tally.acknowledged = tally.sent - len(sim.unacked)
-
-        await count_stored(nc, sim.shard, tally, FRAMES)
+        await finish_and_count(nc, sim, tally, sender, commander, stop, FRAMES, ack_timeout=30)
         gap = tally.longest_gap_after(killed_at)
         print("\n" + tally.line("gateway replica 1 of 2 SIGKILLed") + f"; longest command pause {gap:.2f} s")
     finally:

@@ -15,7 +15,7 @@ import pytest
 
 from shardbus import embedded
 from simulator.shard import ShardSimulator
-from tests.faults.harness import TOKEN, Tally, count_stored, keep_commanding, send_frames, \
+from tests.faults.harness import TOKEN, Tally, finish_and_count, keep_commanding, send_frames, \
     wait_commands_answered
 from tests.processes import ServiceProcesses
 
@@ -82,14 +82,7 @@ async def test_killing_one_nats_node_of_three_loses_no_acknowledged_frame(cluste
         victim.kill()
         killed_at = time.monotonic()
 
-        await asyncio.wait_for(sender, 60)
-        await sim.wait_acked(timeout=30)
-        await asyncio.sleep(1.0)  # a last second of commands after the frames
-        stop.set()
-        await asyncio.wait_for(commander, 10)
-        tally.acknowledged = tally.sent - len(sim.unacked)
-
-        await count_stored(nc, sim.shard, tally, FRAMES)
+        await finish_and_count(nc, sim, tally, sender, commander, stop, FRAMES, ack_timeout=30)
         gap = tally.longest_gap_after(killed_at)
         print(f"\n{tally.line(f'NATS node {leader} of 3 killed ({victim_role})')}; "
               f"longest command pause {gap:.2f} s")

@@ -13,7 +13,7 @@ import pytest
 
 from shardbus import embedded
 from simulator.shard import ShardSimulator
-from tests.faults.harness import TOKEN, Tally, count_stored, keep_commanding, send_frames, \
+from tests.faults.harness import TOKEN, Tally, finish_and_count, keep_commanding, send_frames, \
     wait_commands_answered
 from tests.processes import ServiceProcesses
 
@@ -59,14 +59,7 @@ async def test_a_10_s_nats_outage_loses_no_frame(tmp_path, unique):
         servers.append(embedded.start_nats(tmp_path / "nats", port=port))
         restarted_at = time.monotonic()
 
-        await asyncio.wait_for(sender, 60)
-        await sim.wait_acked(timeout=60)
-        await asyncio.sleep(1.0)
-        stop.set()
-        await asyncio.wait_for(commander, 10)
-        tally.acknowledged = tally.sent - len(sim.unacked)
-
-        await count_stored(nc, sim.shard, tally, FRAMES)
+        await finish_and_count(nc, sim, tally, sender, commander, stop, FRAMES, ack_timeout=60)
         resumed = tally.resumed_after(restarted_at)
         print(f"\n{tally.line(f'nats-server stopped {OUTAGE_S:.0f} s')}; about {sent_during_outage} frames "
               f"sent during the outage; commands answered again {resumed:.2f} s after the restart")
