@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import uuid
 from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.api import KeyValueConfig
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig
 from nats.js.kv import KeyValue
 
 from services.gateway.boards import BOARDS, bucket_name, fold, item_key
@@ -27,6 +28,12 @@ RETRY_PAUSE_S = 0.2
 
 READ_TIMEOUT_S = 5.0
 """Longest a board read waits for the bucket."""
+
+SKIPPED_HEADERS = {"KV-Operation", "Nats-Marker-Reason"}
+"""Headers of a deleted or purged key (the value itself is a plain put)."""
+
+READ_BATCH = 256
+"""Entries fetched per round trip when reading a board."""
 
 
 class BoardStore:
@@ -101,15 +108,42 @@ class BoardStore:
 
     async def read(self, shard: str, board: str) -> list[dict[str, Any]]:
         """A whole board of ``shard``, in board order."""
-        watcher = await self.buckets[board].watch(f"{shard}.>", ignore_deletes=True)
+        return fold(board, await self.latest(board, shard))
+
+    async def latest(self, board: str, shard: str) -> dict[str, Any]:
+        """The live entries of ``shard`` on ``board``: key (without the shard) → value.
+
+        Not ``KeyValue.watch``: its end-of-initial-values marker races the first delivery
+        (nats-py checks the consumer's pending count after the server may already have sent
+        the entry), so a read could come back empty. A pull consumer sends nothing until
+        asked, so the pending count it reports on creation is exact, and each entry's own
+        pending count says when the snapshot is complete."""
+        name = bucket_name(self.prefix, board)
+        stream, prefix = f"KV_{name}", f"$KV.{name}."
+        config = ConsumerConfig(name=uuid.uuid4().hex, filter_subject=f"{prefix}{shard}.>",
+                                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, ack_policy=AckPolicy.NONE,
+                                inactive_threshold=READ_TIMEOUT_S * 4, mem_storage=True)
+        info = await self.js.add_consumer(stream, config=config)
         entries: dict[str, Any] = {}
         try:
-            while (entry := await watcher.updates(timeout=READ_TIMEOUT_S)) is not None:
-                if entry.value:
-                    entries[entry.key[len(shard) + 1:]] = json.loads(entry.value)
+            remaining = info.num_pending or 0
+            if remaining:
+                sub = await self.js.pull_subscribe_bind(stream=stream, name=config.name)
+                try:
+                    while remaining > 0:
+                        msgs = await sub.fetch(min(remaining, READ_BATCH), timeout=READ_TIMEOUT_S)
+                        for msg in msgs:
+                            if msg.data and not set(msg.headers or {}) & SKIPPED_HEADERS:
+                                entries[msg.subject[len(prefix) + len(shard) + 1:]] = json.loads(msg.data)
+                        remaining = msgs[-1].metadata.num_pending
+                finally:
+                    await sub.unsubscribe()
         finally:
-            await watcher.stop()
-        return fold(board, entries)
+            try:
+                await self.js.delete_consumer(stream, config.name)
+            except Exception:  # it lapses on its own after inactive_threshold
+                pass
+        return entries
 
     async def _on_board_read(self, msg: Msg) -> None:
         _, shard, _, board = msg.subject.split(".", 3)

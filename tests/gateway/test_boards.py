@@ -131,3 +131,13 @@ async def test_news_is_stored_announced_and_replayed_after_each_hello_without_an
 async def test_news_without_an_id_is_400(gateway, nc, unique):
     reply = json.loads((await nc.request(subjects.news_add(f"s{unique}"), b'{"title": "x"}', timeout=5)).data)
     assert reply["status"] == 400 and "id" in reply["error"]
+
+
+async def test_a_board_read_right_after_a_write_always_sees_it(gateway, nc, unique):
+    # Reads once came back empty now and then (a KV watcher's end marker raced the entry).
+    for n in range(100):
+        shard = f"s{unique}n{n}"
+        added = json.loads((await nc.request(subjects.news_add(shard), json.dumps({"id": f"n{n}"}).encode(),
+                                             timeout=5)).data)
+        assert added["status"] == 200
+        assert [item["id"] for item in (await read_board(nc, shard, "news"))["items"]] == [f"n{n}"]
