@@ -9,7 +9,13 @@ environment as compose gives them:
 - every service does its job under its own user (real processes): a shard's hello and frames
   reach the website, a run is created, cleanup gives a creature back through the gateway,
   the installer lists, and ``shardbus status`` runs as the operator;
-- with per-shard tokens a shard cannot say hello as another shard.
+- with per-shard tokens a shard cannot say hello as another shard;
+- each user has its own inbox prefix, ``_INBOX_<user>``: no other user may subscribe to it, so
+  a client connecting with its prefix has replies nobody else hears (even a listener on the
+  shared ``_INBOX.>``); the ledger, which asks nothing, has no inbox at all;
+- the config fsyncs every JetStream write (``sync_interval: always``, asked of the running
+  server), and a 3-node cluster started from deploy/nats/cluster-node.conf has the same users
+  and rules on every node.
 
 A permission the server refuses arrives at the client as an asynchronous
 ``Permissions Violation`` error (the publish itself does not fail), so each refusal is
@@ -20,11 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import secrets
 import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +49,7 @@ from tests.processes import ServiceProcesses
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "deploy" / "nats" / "nats.conf"
+NODE_CONFIG = ROOT / "deploy" / "nats" / "cluster-node.conf"
 USERS = ("gateway", "ledger", "cleanup", "installer", "website", "operator", "module-events")
 """Every user of the config (module-events: the example game module ``events``)."""
 
@@ -56,15 +65,27 @@ def password_variable(user: str) -> str:
     return f"{user.upper().replace('-', '_')}_NATS_PASSWORD"
 
 
+def own_inbox(user: str) -> str:
+    """The inbox prefix only ``user`` may subscribe under (nats.conf)."""
+    return f"_INBOX_{user}"
+
+
 @dataclass
 class SecureNats:
     """The nats-server running the deployment config, and each user's password."""
 
     port: int
     passwords: dict[str, str]
+    monitoring: str = ""
 
     def url(self, user: str) -> str:
         return f"nats://{user}:{self.passwords[user]}@127.0.0.1:{self.port}"
+
+
+def monitoring_url(server: embedded.NatsServer, state: Path) -> str:
+    """The monitoring URL a server started with ``-m -1`` wrote to its ports file."""
+    ports = json.loads((state / "ports" / f"{Path(server.args[0]).name}_{server.proc.pid}.ports").read_text())
+    return ports["monitoring"][0]
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +101,7 @@ def secure_nats() -> Iterator[SecureNats]:
             env.setenv(password_variable(user), password)
         server = embedded.start_nats(state, extra_args=("-c", str(CONFIG), "-m", "-1"))
     try:
-        yield SecureNats(server.port, passwords)
+        yield SecureNats(server.port, passwords, monitoring_url(server, state))
     finally:
         server.stop()
         shutil.rmtree(state, ignore_errors=True)
@@ -107,6 +128,19 @@ class User:
             return False
         return True
 
+    async def refused_subscription(self, subject: str) -> bool:
+        """True when the server refuses a subscription to ``subject`` (a permissions violation)."""
+        await self.nc.subscribe(subject)
+        await self.nc.flush(timeout=5)
+        needle = f'permissions violation for subscription to "{subject.lower()}"'
+        try:
+            async with asyncio.timeout(REFUSAL_WAIT_S):
+                while not any(needle in error.lower() for error in self.errors):
+                    await asyncio.sleep(0.01)
+        except TimeoutError:
+            return False
+        return True
+
     async def ask(self, subject: str, body: dict[str, Any] | None = None, timeout: float = 10) -> dict[str, Any]:
         msg = await self.nc.request(subject, json.dumps(body or {}).encode(), timeout=timeout)
         return json.loads(msg.data)
@@ -117,14 +151,15 @@ async def connect(secure_nats: SecureNats) -> AsyncIterator[Any]:
     """Connect as a user (``await connect("website")``); every connection is closed after."""
     opened: list[User] = []
 
-    async def open_as(name: str) -> User:
+    async def open_as(name: str, url: str | list[str] = "") -> User:
+        """Each user hears its replies under its own inbox prefix, as the config expects."""
         errors: list[str] = []
 
         async def on_error(exc: Exception) -> None:
             errors.append(str(exc))
 
-        nc = await nats.connect(secure_nats.url(name), connect_timeout=5, allow_reconnect=False,
-                                max_reconnect_attempts=1, error_cb=on_error)
+        nc = await nats.connect(url or secure_nats.url(name), connect_timeout=5, allow_reconnect=False,
+                                max_reconnect_attempts=1, error_cb=on_error, inbox_prefix=own_inbox(name))
         opened.append(User(name, nc, errors))
         return opened[-1]
 
@@ -228,6 +263,151 @@ async def test_the_website_reads_frames_and_sends_commands(connect):
     await asyncio.sleep(0.05)
     assert (await website.ask(subjects.command("x", "item.catalog")))["status"] == 200
     assert website.errors == [] and gateway.errors == []
+
+
+# --- inboxes ------------------------------------------------------------------------------
+
+async def test_no_user_may_subscribe_to_another_users_inbox(connect):
+    users = {name: await connect(name) for name in USERS}
+    allowed = [(name, other) for name, user in users.items() for other in USERS
+               if other != name and not await user.refused_subscription(f"{own_inbox(other)}.>")]
+    assert allowed == []
+    # Nor around it: the whole subject space, or any first token.
+    website = users["website"]
+    assert await website.refused_subscription(">") and await website.refused_subscription("*.>")
+
+
+async def test_each_user_but_the_ledger_may_subscribe_to_its_own_inbox(connect):
+    users = [await connect(name) for name in USERS]
+    refused = await asyncio.gather(*(user.refused_subscription(f"{own_inbox(user.name)}.x") for user in users))
+    assert {user.name: was for user, was in zip(users, refused)} == {name: name == "ledger" for name in USERS}
+    ledger = await connect("ledger")  # it only answers: no inbox, not even the shared one
+    assert await ledger.refused_subscription("_INBOX.>")
+
+
+async def test_replies_on_a_users_own_inbox_reach_that_user_only(connect):
+    """A client with its own prefix gets its replies (JetStream's and a service's) where no
+    other user hears them, even one listening on the whole shared inbox."""
+    spy = await connect("website")
+    shared_inbox = await listen(spy, "_INBOX.>")
+    gateway, ledger, module = await connect("gateway"), await connect("ledger"), await connect("module-events")
+
+    async def answer(msg: Any) -> None:
+        assert msg.reply.startswith(f"{own_inbox('module-events')}.")
+        await msg.respond(json.dumps({"status": 200, "expired": 0}).encode())
+
+    await ledger.nc.subscribe(subjects.ledger_expired("events"), cb=answer)
+    await ledger.nc.flush(timeout=5)
+    await asyncio.sleep(0.05)
+
+    info = await gateway.nc.jetstream().account_info()  # $JS.API.INFO, answered by the server
+    assert info.streams >= 0
+    assert (await module.ask(subjects.ledger_expired("events"), {"kind": "zone", "ref": "z"}))["status"] == 200
+    stream = await gateway.nc.jetstream().add_stream(name="INBOX_PROOF", subjects=["shard.inboxproof.frame.>"])
+    ack = await gateway.nc.jetstream().publish("shard.inboxproof.frame.x", b"{}")  # acknowledged on its inbox
+    assert ack.stream == stream.config.name
+    await gateway.nc.jetstream().delete_stream("INBOX_PROOF")
+    await asyncio.sleep(NOT_DELIVERED_WAIT_S)
+    assert shared_inbox.got == []
+    assert await spy.refused_subscription(f"{own_inbox('gateway')}.>")
+    assert gateway.errors == [] and module.errors == [] and ledger.errors == []
+
+
+SHARED_INBOX_HOLDERS = [user for user in USERS
+                        if re.search(rf'^{re.escape(user.upper().replace("-", "_"))}_PERMISSIONS = \{{[^=]*"_INBOX\.>"',
+                                     CONFIG.read_text(), re.M | re.S)]
+"""The users nats.conf still lets subscribe to the shared ``_INBOX.>`` (docs/security.md)."""
+
+
+@pytest.mark.skipif(not SHARED_INBOX_HOLDERS, reason="no user holds the shared inbox any more")
+async def test_what_remains_a_holder_of_the_shared_inbox_hears_replies_sent_to_it(secure_nats, connect):
+    """The limit docs/security.md states: while a user may subscribe to ``_INBOX.>``, it hears
+    the replies of any client that still uses the default prefix ``_INBOX``."""
+    assert "ledger" not in SHARED_INBOX_HOLDERS
+    spy = await connect(SHARED_INBOX_HOLDERS[0])
+    shared_inbox = await listen(spy, "_INBOX.>")
+    old_style = await nats.connect(secure_nats.url("gateway"), connect_timeout=5, allow_reconnect=False)
+    try:
+        await old_style.jetstream().account_info()
+    finally:
+        await old_style.close()
+    await shared_inbox.wait_for(1)
+    assert shared_inbox.got[0].subject.startswith("_INBOX.")
+
+
+# --- durability and the cluster --------------------------------------------------------------
+
+def test_the_deployment_config_fsyncs_every_jetstream_write(secure_nats):
+    with urllib.request.urlopen(f"{secure_nats.monitoring}/varz", timeout=5) as reply:
+        assert json.load(reply)["jetstream"]["config"].get("sync_always") is True
+
+
+@pytest.fixture(scope="module")
+def secure_cluster(secure_nats: SecureNats) -> Iterator[embedded.NatsCluster]:
+    """Three nodes started from deploy/nats/cluster-node.conf (which includes nats.conf),
+    each in a directory of its own with copies of both files, on loopback: only the addresses
+    (flags) and the store directory (rewritten in the copy) differ from compose's nodes."""
+    state = Path(tempfile.mkdtemp(prefix="shardbus-secure-cluster-"))
+    names = ["nats-1", "nats-2", "nats-3"]
+    ports = {name: (embedded.free_port(), embedded.free_port(), embedded.free_port()) for name in names}
+    routes = ",".join(f"nats-route://127.0.0.1:{route}" for _c, route, _h in ports.values())
+    cluster = embedded.NatsCluster([], state)
+    try:
+        for name in names:
+            node_dir = state / name
+            node_dir.mkdir()
+            (node_dir / "nats.conf").write_text(CONFIG.read_text())
+            node_config = NODE_CONFIG.read_text().replace("/data/jetstream", json.dumps(str(node_dir / "js"))[1:-1])
+            (node_dir / "cluster-node.conf").write_text(node_config)
+            client, route, http = ports[name]
+            args = [embedded.nats_server_binary(), "-c", str(node_dir / "cluster-node.conf"),
+                    "-a", "127.0.0.1", "-p", str(client), "-m", str(http),
+                    "--cluster", f"nats://127.0.0.1:{route}", "--routes", routes,
+                    "--ports_file_dir", str(node_dir / "ports")]
+            with pytest.MonkeyPatch.context() as env:  # the node reads these at start, as compose gives them
+                for user, password in secure_nats.passwords.items():
+                    env.setenv(password_variable(user), password)
+                env.setenv("NATS_SERVER_NAME", name)
+                cluster.nodes.append(embedded._launch(args, node_dir, "nats-server.log", 20, name=name,
+                                                      monitor_port=http))
+        embedded.wait_for_meta_leader(cluster, 30)
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+async def test_every_cluster_node_has_the_same_users_and_rules(secure_cluster, secure_nats, connect):
+    for node in secure_cluster.nodes:
+        with urllib.request.urlopen(f"http://127.0.0.1:{node.monitor_port}/varz", timeout=5) as reply:
+            varz = json.load(reply)
+        assert varz["server_name"] == node.name
+        assert varz["jetstream"]["config"].get("sync_always") is True
+        url = {name: f"nats://{name}:{secure_nats.passwords[name]}@127.0.0.1:{node.port}" for name in USERS}
+        users = {name: await connect(name, url=url[name]) for name in USERS}  # each logs in on each node
+        assert await users["website"].refused(subjects.frame("x", "y"))
+        assert await users["website"].refused_subscription(f"{own_inbox('gateway')}.>")
+        assert await users["module-events"].refused(subjects.ledger_expired("other"))
+        with pytest.raises(Exception):
+            await nats.connect(f"nats://website:wrong{secure_nats.passwords['website']}@127.0.0.1:{node.port}",
+                               connect_timeout=3, allow_reconnect=False, max_reconnect_attempts=1, error_cb=_quiet)
+    # JetStream is clustered: the gateway creates a stream on all three nodes.
+    gateway = await connect("gateway", url=[f"nats://gateway:{secure_nats.passwords['gateway']}@127.0.0.1:{n.port}"
+                                 for n in secure_cluster.nodes])
+    js = gateway.nc.jetstream()
+    info = await js.add_stream(name="R3_PROOF", subjects=["shard.r3proof.frame.>"], num_replicas=3)
+    try:
+        assert info.config.num_replicas == 3
+        await js.publish("shard.r3proof.frame.x", b"{}")
+        info = await js.stream_info("R3_PROOF")
+        assert info.state.messages == 1 and len(info.cluster.replicas or []) == 2
+    finally:
+        await js.delete_stream("R3_PROOF")
+    assert gateway.errors == []
+
+
+async def _quiet(_exc: Exception) -> None:
+    """A refused login is expected; nats-py would print it."""
 
 
 # --- every service under its own user -----------------------------------------------------
