@@ -63,6 +63,7 @@ class RunReport:
     failed: int = 0
     transient: int = 0
     lost_races: int = 0
+    deferred: int = 0
     failures: list[dict[str, Any]] = field(default_factory=list)
     cleanup_status: str | None = None
     error: str | None = None
@@ -79,7 +80,7 @@ class RunReport:
         """The ``cleanup.swept`` summary the ledger writes to the run log."""
         return {"claimed": self.claimed, "reverted": self.reverted, "drifted": self.drifted,
                 "failed": self.failed, "transient": self.transient, "lostRaces": self.lost_races,
-                "failures": self.failures}
+                "deferred": self.deferred, "failures": self.failures}
 
     def to_dict(self) -> dict[str, Any]:
         """The report as a reply field."""
@@ -102,7 +103,7 @@ class SweepReport:
     def to_dict(self) -> dict[str, Any]:
         """The totals (and failing runs) as a reply's fields."""
         totals = {name: sum(getattr(r, name) for r in self.runs)
-                  for name in ("claimed", "reverted", "drifted", "failed", "transient", "lost_races")}
+                  for name in ("claimed", "reverted", "drifted", "failed", "transient", "lost_races", "deferred")}
         out: dict[str, Any] = {"settled": self.settled, "runs": len(self.runs),
                                **{_camel(k): v for k, v in totals.items()},
                                "runErrors": [{"runId": r.run_id, "error": r.error} for r in self.runs if r.error],
@@ -169,6 +170,12 @@ class Sweeper:
         try:
             handled: set[Any] = set()
             while True:
+                # A command may start only while our claim has a whole command timeout left:
+                # a row queued behind the give-back slots past that point could be reclaimed
+                # by another sweeper while our command is still in flight (two senders of one
+                # key: a 425 and a spent attempt). Such rows are deferred, left `reverting`
+                # for the next claim after the timeout.
+                start_by = time.monotonic() + self.limits.claim_timeout_s - self.limits.command_timeout_s
                 rows, shard = await self.ledger.claim(run_id, self.limits.max_attempts, self.limits.batch_size,
                                                       self.limits.claim_timeout_s)
                 if not rows:
@@ -178,7 +185,7 @@ class Sweeper:
                 report.claimed += len(rows)
                 fresh = [row for row in rows if _row_id(row) not in handled]
                 handled.update(_row_id(row) for row in rows)
-                given = await asyncio.gather(*(self._give_back(row, shard) for row in rows))
+                given = await asyncio.gather(*(self._give_back(row, shard, start_by) for row in rows))
                 await self._record(list(given), report)
                 if report.transient or len(rows) < self.limits.batch_size or not fresh:
                     break
@@ -205,7 +212,7 @@ class Sweeper:
             self.shards[run_id] = str(run.get("shard") or "")
         return self.shards[run_id]
 
-    async def _give_back(self, row: dict[str, Any], shard: str) -> tuple[Any, Outcome]:
+    async def _give_back(self, row: dict[str, Any], shard: str, start_by: float) -> tuple[Any, Outcome | None]:
         resource_id = _row_id(row)
         if not isinstance(resource_id, int):
             # Without an id nothing can be recorded; the row's claim times out and a person
@@ -217,14 +224,19 @@ class Sweeper:
             return resource_id, Outcome(Verdict.FAILED, f"the ledger row lacks {', '.join(missing)}; cannot "
                                                         "tell what to give back")
         async with self.give_backs:
+            if time.monotonic() > start_by:
+                return resource_id, None
             return resource_id, await giveback.give_back(self.port, row, shard, self.limits.command_timeout_s)
 
-    async def _record(self, given: list[tuple[Any, Outcome]], report: RunReport) -> None:
+    async def _record(self, given: list[tuple[Any, Outcome | None]], report: RunReport) -> None:
         """Record a batch's outcomes in one ledger request (one commit, not one per row)."""
         for resource_id, outcome in given:
-            if not isinstance(resource_id, int):
+            if outcome is None:
+                report.deferred += 1
+            elif not isinstance(resource_id, int):
                 report.count(None, outcome)
-        given = [(resource_id, outcome) for resource_id, outcome in given if isinstance(resource_id, int)]
+        given = [(resource_id, outcome) for resource_id, outcome in given
+                 if isinstance(resource_id, int) and outcome is not None]
         if not given:
             return
         reply = await self.ledger.outcomes([_wire(resource_id, outcome) for resource_id, outcome in given])
