@@ -119,11 +119,11 @@ async def gather(nats_url: str, wait_s: float = DEFAULT_WAIT_S) -> dict[str, Any
 
     from shared import subjects
     from shared.logs import redact
-    from shared.nats_connect import connection_name
+    from shared.nats_connect import connection_name, inbox_prefix
 
     servers = [url.strip() for url in nats_url.split(",") if url.strip()]
-    nc = await nats.connect(servers, name=connection_name("status"), connect_timeout=5,
-                            allow_reconnect=False, max_reconnect_attempts=1, error_cb=_quiet)
+    nc = await nats.connect(servers, name=connection_name("status"), inbox_prefix=inbox_prefix(servers),
+                            connect_timeout=5, allow_reconnect=False, max_reconnect_attempts=1, error_cb=_quiet)
     errors: list[str] = []
 
     async def part(name: str, job: Any, fallback: Any) -> Any:

@@ -56,11 +56,12 @@ def make_broker(settings: CommonSettings, service: str,
     middleware = ExceptionMiddleware(
         publish_handlers={exc: (lambda e, _h=h: _h(e)) for exc, h in handlers.items()}
     )
+    servers = settings.nats_servers()
     return NatsBroker(
-        settings.nats_servers(),
+        servers,
         middlewares=[middleware],
         logger=logging.getLogger(f"shardbus.{service}.faststream"),
-        **connect_options(service, settings.reconnect_wait_s, settings.reconnect_wait_max_s),
+        **connect_options(service, settings.reconnect_wait_s, settings.reconnect_wait_max_s, servers),
     )
 
 

@@ -9,8 +9,10 @@ one is bridged quickly. FastStream's ``NatsBroker`` takes the same options.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from typing import Any
+from urllib.parse import urlsplit
 
 import nats
 from nats.aio.client import Client
@@ -38,20 +40,36 @@ class BackOff:
         return server, self.delay(server.reconnects)
 
 
-def connect_options(service: str, first_wait_s: float = 1.0, max_wait_s: float = 10.0) -> dict[str, Any]:
-    """Options for ``nats.connect`` or ``NatsBroker``: named, reconnecting for ever with back-off."""
+def inbox_prefix(servers: list[str] | str) -> str:
+    """Where a connection hears its replies: ``_INBOX_<user>`` when the URL names a user
+    (``nats://gateway:…@nats:4222`` -> ``_INBOX_gateway``), else NATS's shared ``_INBOX``.
+    deploy/nats/nats.conf lets each user subscribe under its own prefix only, so no other user
+    can hear its replies (docs/security.md)."""
+    for url in [servers] if isinstance(servers, str) else servers:
+        url = url.strip()
+        user = urlsplit(url if "://" in url else f"nats://{url}").username
+        if user and re.fullmatch(r"[A-Za-z0-9_-]+", user):
+            return f"_INBOX_{user}"
+    return "_INBOX"
+
+
+def connect_options(service: str, first_wait_s: float = 1.0, max_wait_s: float = 10.0,
+                    servers: list[str] | str = ()) -> dict[str, Any]:
+    """Options for ``nats.connect`` or ``NatsBroker``: named, reconnecting for ever with back-off,
+    hearing replies under the user's own inbox prefix (see :func:`inbox_prefix`)."""
     return {
         "name": connection_name(service),
         "allow_reconnect": True,
         "max_reconnect_attempts": -1,
         "reconnect_time_wait": first_wait_s,
         "reconnect_to_server_handler": BackOff(first_wait_s, max_wait_s),
+        "inbox_prefix": inbox_prefix(servers),
     }
 
 
 async def connect(servers: list[str] | str, service: str, *, first_wait_s: float = 1.0,
                   max_wait_s: float = 10.0, **extra: Any) -> Client:
     """A nats-py connection named after ``service`` that reconnects for ever."""
-    options = connect_options(service, first_wait_s, max_wait_s)
+    options = connect_options(service, first_wait_s, max_wait_s, servers)
     options.update(extra)
     return await nats.connect(servers, **options)

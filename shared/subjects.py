@@ -146,6 +146,9 @@ LEDGER_SWEEP_DRIFTED = "ledger.sweep.drifted"
 LEDGER_SWEEP_FAILED = "ledger.sweep.failed"
 """Request: a give-back failed (back to the previous status, attempts + 1)."""
 
+LEDGER_SWEEP_OUTCOMES = "ledger.sweep.outcomes"
+"""Request: a batch of give-back outcomes (reverted, drifted, failed, transient) in one commit."""
+
 LEDGER_SWEEP_FINISH = "ledger.sweep.finish"
 """Request: end a run's sweep (cleanup.swept; cleanup status decided)."""
 

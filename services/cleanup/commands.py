@@ -20,10 +20,11 @@ async def _quiet(_exc: Exception) -> None:
 async def _ask(subject: str, payload: dict[str, Any]) -> dict[str, Any]:
     import nats
 
-    from shared.nats_connect import connection_name
+    from shared.nats_connect import connection_name, inbox_prefix
     from shared.settings import CommonSettings
 
-    nc = await nats.connect(CommonSettings().nats_servers(), name=connection_name("cleanup-cli"),
+    servers = CommonSettings().nats_servers()
+    nc = await nats.connect(servers, name=connection_name("cleanup-cli"), inbox_prefix=inbox_prefix(servers),
                             connect_timeout=5, allow_reconnect=False, max_reconnect_attempts=1,
                             reconnect_time_wait=0.5, error_cb=_quiet)
     try:

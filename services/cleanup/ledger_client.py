@@ -12,9 +12,6 @@ from typing import Any
 from services.cleanup.port import NoAnswer, NoResponder, Port
 from shared import subjects
 
-CONFLICT = 409
-"""The ledger's answer when a guarded transition found the row already moved on."""
-
 MAX_LIMIT = 1000
 """The most runs or rows the ledger hands out per candidates or claim request."""
 
@@ -61,20 +58,21 @@ class LedgerClient:
                                                                  "limit": min(limit, MAX_LIMIT)})
         return [str(run) for run in reply.get("runs", [])]
 
-    async def claim(self, run_id: str, max_attempts: int, limit: int, claim_timeout_s: float) -> list[dict]:
+    async def claim(self, run_id: str, max_attempts: int, limit: int,
+                    claim_timeout_s: float) -> tuple[list[dict], str | None]:
+        """Rows now ``reverting`` for this sweeper, and the run's shard."""
         reply = await self.call(subjects.LEDGER_SWEEP_CLAIM, {"runId": run_id, "maxAttempts": max_attempts,
                                                        "limit": limit, "claimTimeoutS": claim_timeout_s})
-        return list(reply.get("resources", []))
+        shard = reply.get("shard")
+        return list(reply.get("resources", [])), shard if isinstance(shard, str) else None
 
-    async def reverted(self, resource_id: int) -> None:
-        await self.call(subjects.LEDGER_SWEEP_REVERTED, {"resourceId": resource_id})
-
-    async def drifted(self, resource_id: int, error: str) -> None:
-        await self.call(subjects.LEDGER_SWEEP_DRIFTED, {"resourceId": resource_id, "error": error[:ERROR_MAX]})
-
-    async def failed(self, resource_id: int, error: str, transient: bool) -> None:
-        await self.call(subjects.LEDGER_SWEEP_FAILED, {"resourceId": resource_id, "error": error[:ERROR_MAX],
-                                                "transient": transient})
+    async def outcomes(self, outcomes: list[dict[str, Any]]) -> dict[str, Any]:
+        """Record give-back outcomes (``resourceId``, ``verdict``, ``error``) in one request;
+        the reply says which were ``recorded``, which were ``conflicts`` and which ``missing``."""
+        for outcome in outcomes:
+            if outcome.get("error") is not None:
+                outcome["error"] = outcome["error"][:ERROR_MAX]
+        return await self.call(subjects.LEDGER_SWEEP_OUTCOMES, {"outcomes": outcomes})
 
     async def finish(self, run_id: str, max_attempts: int, summary: dict[str, Any]) -> dict[str, Any]:
         reply = await self.call(subjects.LEDGER_SWEEP_FINISH, {"runId": run_id, "maxAttempts": max_attempts,

@@ -24,7 +24,7 @@ from typing import Any
 
 from services.cleanup import giveback
 from services.cleanup.classify import Outcome, Verdict
-from services.cleanup.ledger_client import CONFLICT, MAX_LIMIT, LedgerClient, LedgerError
+from services.cleanup.ledger_client import MAX_LIMIT, LedgerClient, LedgerError
 from services.cleanup.port import Port
 
 log = logging.getLogger("shardbus.cleanup.sweep")
@@ -63,6 +63,7 @@ class RunReport:
     failed: int = 0
     transient: int = 0
     lost_races: int = 0
+    deferred: int = 0
     failures: list[dict[str, Any]] = field(default_factory=list)
     cleanup_status: str | None = None
     error: str | None = None
@@ -79,7 +80,7 @@ class RunReport:
         """The ``cleanup.swept`` summary the ledger writes to the run log."""
         return {"claimed": self.claimed, "reverted": self.reverted, "drifted": self.drifted,
                 "failed": self.failed, "transient": self.transient, "lostRaces": self.lost_races,
-                "failures": self.failures}
+                "deferred": self.deferred, "failures": self.failures}
 
     def to_dict(self) -> dict[str, Any]:
         """The report as a reply field."""
@@ -102,7 +103,7 @@ class SweepReport:
     def to_dict(self) -> dict[str, Any]:
         """The totals (and failing runs) as a reply's fields."""
         totals = {name: sum(getattr(r, name) for r in self.runs)
-                  for name in ("claimed", "reverted", "drifted", "failed", "transient", "lost_races")}
+                  for name in ("claimed", "reverted", "drifted", "failed", "transient", "lost_races", "deferred")}
         out: dict[str, Any] = {"settled": self.settled, "runs": len(self.runs),
                                **{_camel(k): v for k, v in totals.items()},
                                "runErrors": [{"runId": r.run_id, "error": r.error} for r in self.runs if r.error],
@@ -169,15 +170,23 @@ class Sweeper:
         try:
             handled: set[Any] = set()
             while True:
-                rows = await self.ledger.claim(run_id, self.limits.max_attempts, self.limits.batch_size,
-                                               self.limits.claim_timeout_s)
+                # A command may start only while our claim has a whole command timeout left:
+                # a row queued behind the give-back slots past that point could be reclaimed
+                # by another sweeper while our command is still in flight (two senders of one
+                # key: a 425 and a spent attempt). Such rows are deferred, left `reverting`
+                # for the next claim after the timeout.
+                start_by = time.monotonic() + self.limits.claim_timeout_s - self.limits.command_timeout_s
+                rows, shard = await self.ledger.claim(run_id, self.limits.max_attempts, self.limits.batch_size,
+                                                      self.limits.claim_timeout_s)
                 if not rows:
                     break
-                shard = await self.shard_of(run_id)  # only now: a run another replica took costs no read
+                if shard is None:  # a ledger that predates shards in claim replies
+                    shard = await self.shard_of(run_id)
                 report.claimed += len(rows)
                 fresh = [row for row in rows if _row_id(row) not in handled]
                 handled.update(_row_id(row) for row in rows)
-                await asyncio.gather(*(self._give_back(row, shard, report) for row in rows))
+                given = await asyncio.gather(*(self._give_back(row, shard, start_by) for row in rows))
+                await self._record(list(given), report)
                 if report.transient or len(rows) < self.limits.batch_size or not fresh:
                     break
             run = await self.ledger.finish(run_id, self.limits.max_attempts, report.summary())
@@ -203,42 +212,55 @@ class Sweeper:
             self.shards[run_id] = str(run.get("shard") or "")
         return self.shards[run_id]
 
-    async def _give_back(self, row: dict[str, Any], shard: str, report: RunReport) -> None:
+    async def _give_back(self, row: dict[str, Any], shard: str, start_by: float) -> tuple[Any, Outcome | None]:
         resource_id = _row_id(row)
         if not isinstance(resource_id, int):
             # Without an id nothing can be recorded; the row's claim times out and a person
             # sees it `reverting` on the console. Say so loudly.
             log.error("the ledger handed out a row without a resourceId", extra={"row": str(row)[:300]})
-            report.count(None, Outcome(Verdict.FAILED, "claimed row has no resourceId"))
-            return
+            return None, Outcome(Verdict.FAILED, "claimed row has no resourceId")
         missing = [name for name in ("runId", "module", "kind", "ref") if not isinstance(row.get(name), str)]
-        # The slot covers the command and its recording: the ledger answers outcomes one at
-        # a time, so unbounded recordings would queue there until they time out.
+        if missing:
+            return resource_id, Outcome(Verdict.FAILED, f"the ledger row lacks {', '.join(missing)}; cannot "
+                                                        "tell what to give back")
         async with self.give_backs:
-            if missing:
-                outcome = Outcome(Verdict.FAILED, f"the ledger row lacks {', '.join(missing)}; cannot tell "
-                                                  "what to give back")
-            else:
-                outcome = await giveback.give_back(self.port, row, shard, self.limits.command_timeout_s)
-            await self._record(resource_id, outcome, report)
+            if time.monotonic() > start_by:
+                return resource_id, None
+            return resource_id, await giveback.give_back(self.port, row, shard, self.limits.command_timeout_s)
 
-    async def _record(self, resource_id: int, outcome: Outcome, report: RunReport) -> None:
-        try:
-            if outcome.verdict is Verdict.REVERTED:
-                await self.ledger.reverted(resource_id)
-            elif outcome.verdict is Verdict.DRIFTED:
-                await self.ledger.drifted(resource_id, outcome.reason)
-            else:
-                await self.ledger.failed(resource_id, outcome.reason,
-                                         transient=outcome.verdict is Verdict.TRANSIENT)
-        except LedgerError as exc:
-            if exc.status != CONFLICT:
-                raise
-            # Another sweeper reclaimed this row after our claim timed out and recorded it
-            # first; the shard answered both of us from one execution.
-            report.lost_races += 1
+    async def _record(self, given: list[tuple[Any, Outcome | None]], report: RunReport) -> None:
+        """Record a batch's outcomes in one ledger request (one commit, not one per row)."""
+        for resource_id, outcome in given:
+            if outcome is None:
+                report.deferred += 1
+            elif not isinstance(resource_id, int):
+                report.count(None, outcome)
+        given = [(resource_id, outcome) for resource_id, outcome in given
+                 if isinstance(resource_id, int) and outcome is not None]
+        if not given:
             return
-        report.count(resource_id, outcome)
+        reply = await self.ledger.outcomes([_wire(resource_id, outcome) for resource_id, outcome in given])
+        recorded = set(reply.get("recorded") or [])
+        # A conflict: another sweeper reclaimed the row after our claim timed out and
+        # recorded it first; the shard answered both of us from one execution.
+        report.lost_races += len(reply.get("conflicts") or [])
+        missing = set(reply.get("missing") or [])
+        for resource_id, outcome in given:
+            if resource_id in recorded:
+                report.count(resource_id, outcome)
+            elif resource_id in missing:
+                report.count(resource_id, Outcome(Verdict.FAILED, "the ledger no longer has this resource"))
+
+
+def _wire(resource_id: int, outcome: Outcome) -> dict[str, Any]:
+    """One outcome as the ledger takes it (a failure always says why; a give-back that
+    worked records no error)."""
+    out: dict[str, Any] = {"resourceId": resource_id, "verdict": outcome.verdict.value}
+    if outcome.verdict in (Verdict.FAILED, Verdict.TRANSIENT):
+        out["error"] = outcome.reason or f"{outcome.verdict.value} without a reason"
+    elif outcome.verdict is Verdict.DRIFTED and outcome.reason:
+        out["error"] = outcome.reason
+    return out
 
 
 def _row_id(row: Any) -> Any:

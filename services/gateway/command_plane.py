@@ -3,6 +3,7 @@ line the shard receives. Pure; the wiring that waits for the answer is in ``link
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from typing import Any
@@ -23,9 +24,16 @@ class CommandRejected(Exception):
         self.error = error
 
 
+_REQ_PREFIX = uuid.uuid4().hex[:12]
+"""This process's part of every request id (replicas never share one)."""
+
+_req_numbers = itertools.count(1)
+
+
 def new_req_id() -> str:
-    """A fresh request id: every call, retries included, gets its own."""
-    return uuid.uuid4().hex
+    """A fresh request id: every call, retries included, gets its own. A counter behind a
+    random per-process prefix: as unique as a uuid4 per call, at a fraction of its cost."""
+    return f"{_REQ_PREFIX}-{next(_req_numbers):x}"
 
 
 def parse_body(verb: str, payload: bytes) -> dict[str, Any]:

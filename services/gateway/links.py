@@ -299,7 +299,7 @@ class Gateway:
             return
         req_id = item.body.get("reqId")
         if isinstance(req_id, str) and (future := link.pending.get(req_id)) and not future.done():
-            future.set_result(item.body)
+            future.set_result((item.body, line))
         seq = item.body.get("seq")
         ack_seq = None
         if type(seq) is int and item.kind not in CHUNKED_KINDS:
@@ -314,36 +314,43 @@ class Gateway:
     async def _command(self, link: ShardLink, msg: Msg) -> None:
         verb = msg.subject[len(f"shard.{link.shard}.cmd."):]
         try:
-            reply = await self.run_command(link, verb, msg.data, (msg.headers or {}).get(
+            status, line = await self.run_command(link, verb, msg.data, (msg.headers or {}).get(
                 command_plane.PROTOCOL_HEADER))
+            # The shard's line is the body verbatim: spliced in, not parsed and dumped again.
+            data = b'{"status":%d,"body":%s}' % (status, line.strip())
         except CommandRejected as exc:
-            reply = {"status": exc.status, "error": exc.error}
+            data = json.dumps({"status": exc.status, "error": exc.error}, ensure_ascii=False).encode()
         if msg.reply:
             try:
-                await msg.respond(json.dumps(reply, ensure_ascii=False).encode())
+                await msg.respond(data)
             except Exception:
                 log.warning("could not answer a command", extra={"shard": link.shard, "verb": verb})
 
     async def run_command(self, link: ShardLink, verb: str, payload: bytes,
-                          expected_protocol: str | None) -> dict[str, Any]:
-        """Send the command to the shard and map its answer; CommandRejected for our own answers."""
+                          expected_protocol: str | None) -> tuple[int, bytes]:
+        """Send the command to the shard; the status its answer maps to and the answer's line.
+        CommandRejected for the gateway's own answers."""
         body = command_plane.parse_body(verb, payload)
         command_plane.check_protocol(expected_protocol, link.hello.protocol)
         if link.closed:
             raise CommandRejected(503, f"shard {link.shard} is not connected here any more; try again")
         req_id = command_plane.new_req_id()
-        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
         link.pending[req_id] = future
+        # A timer on the future rather than asyncio.wait_for, which costs a task per command.
+        timer = loop.call_later(self.settings.command_timeout_s, _expire, future)
         try:
             await link.send(command_plane.command_line(verb, body, req_id))
             try:
-                answer = await asyncio.wait_for(future, self.settings.command_timeout_s)
+                answer, line = await future
             except TimeoutError:
                 raise CommandRejected(504, f"shard {link.shard} did not answer {verb} within "
                                            f"{self.settings.command_timeout_s} s") from None
         finally:
+            timer.cancel()
             link.pending.pop(req_id, None)  # a late answer now finds nobody waiting: dropped
-        return {"status": status_for(verb, answer), "body": answer}
+        return status_for(verb, answer), line
 
     # --- status -----------------------------------------------------------------------
 
@@ -370,3 +377,9 @@ class Gateway:
         await self.boards.stop()
         for task in list(self._tasks):
             task.cancel()
+
+
+def _expire(future: asyncio.Future) -> None:
+    """A command's time is up: its caller gets the 504."""
+    if not future.done():
+        future.set_exception(TimeoutError())

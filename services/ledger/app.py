@@ -172,10 +172,10 @@ def register_handlers(broker: NatsBroker, db: Database, concurrency: int) -> Non
 
     @subscriber(subjects.LEDGER_SWEEP_CLAIM)
     async def claim(body: rq.Claim) -> dict[str, Any]:
-        claimed, changes = await sweep.claim(db, body.run_id, body.max_attempts, body.limit,
-                                             body.claim_timeout_s)
+        run, claimed, changes = await sweep.claim(db, body.run_id, body.max_attempts, body.limit,
+                                                  body.claim_timeout_s)
         await publish(changes)
-        return replies.ok(resources=claimed)
+        return replies.ok(resources=claimed, shard=run["shard"])
 
     @subscriber(subjects.LEDGER_SWEEP_REVERTED)
     async def reverted(body: rq.ResourceRef) -> dict[str, Any]:
@@ -194,6 +194,13 @@ def register_handlers(broker: NatsBroker, db: Database, concurrency: int) -> Non
         resource, changes = await sweep.failed(db, body.resource_id, body.error, body.transient)
         await publish(changes)
         return replies.ok(resource=resource)
+
+    @subscriber(subjects.LEDGER_SWEEP_OUTCOMES)
+    async def record_outcomes(body: rq.SweepOutcomes) -> dict[str, Any]:
+        result, changes = await sweep.outcomes(
+            db, [(o.resource_id, o.verdict, o.error) for o in body.outcomes])
+        await publish(changes)
+        return replies.ok(**result)
 
     @subscriber(subjects.LEDGER_SWEEP_FINISH)
     async def finish(body: rq.Finish) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from services.ledger.statuses import CLEANUP_STATUSES, RUN_STATUSES
@@ -30,6 +30,9 @@ ResourceId = Annotated[int, Field(ge=1)]
 
 ErrorText = Annotated[str, Field(max_length=ERROR_MAX)]
 """A sentence saying what went wrong."""
+
+OUTCOMES_MAX = 1000
+"""The most give-back outcomes one ``ledger.sweep.outcomes`` request records."""
 
 MaxAttempts = Annotated[int, Field(ge=1, le=1000)]
 """How many give-back attempts a row gets before it wants a person."""
@@ -131,6 +134,30 @@ class SweepFailed(LedgerRequest):
     resource_id: ResourceId
     error: ErrorText
     transient: bool
+
+
+class SweepOutcome(LedgerRequest):
+    resource_id: ResourceId
+    verdict: Literal["reverted", "drifted", "failed", "transient"]
+    error: ErrorText | None = None
+
+    @model_validator(mode="after")
+    def _failures_say_why(self) -> SweepOutcome:
+        if self.verdict in ("failed", "transient") and not self.error:
+            raise ValueError(f"error is required when the verdict is {self.verdict}")
+        return self
+
+
+class SweepOutcomes(LedgerRequest):
+    outcomes: list[SweepOutcome] = Field(min_length=1, max_length=OUTCOMES_MAX)
+
+    @model_validator(mode="after")
+    def _one_outcome_per_row(self) -> SweepOutcomes:
+        ids = [o.resource_id for o in self.outcomes]
+        if len(ids) != len(set(ids)):
+            twice = sorted({i for i in ids if ids.count(i) > 1})
+            raise ValueError(f"outcomes name resource {', '.join(map(str, twice[:5]))} more than once")
+        return self
 
 
 class Finish(LedgerRequest):

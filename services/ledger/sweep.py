@@ -12,7 +12,7 @@ from services.ledger import statuses
 from services.ledger.resources import transition
 from services.ledger.statuses import REVERTABLE, RUN_TERMINAL, UNRESOLVED
 from services.ledger.store import (Database, Change, Conflict, as_json, changed_resources_select, first, resource_changes,
-                                   resource_or_conflict, rows, run_json, run_or_not_found)
+                                   resource_json, resource_or_conflict, rows, run_json, run_or_not_found)
 from services.ledger.tables import ERROR_MAX
 
 _ACTIONABLE = ("((s.status = ANY(:revertable) AND s.attempts < :max_attempts AND NOT s.gave_up) "
@@ -54,10 +54,11 @@ async def candidates(db: Database, limit: int) -> list[str]:
 
 
 async def claim(db: Database, run_id: str, max_attempts: int, limit: int,
-                claim_timeout_s: float) -> tuple[list[dict], list[Change]]:
+                claim_timeout_s: float) -> tuple[dict, list[dict], list[Change]]:
     """Take up to ``limit`` of the run's rows for a give-back: revertable rows with attempts
     left, and ``reverting`` rows whose claim is older than ``claim_timeout_s`` (a sweeper
-    died). Each remembers the status it had, for a transient failure to return to."""
+    died). Each remembers the status it had, for a transient failure to return to. The run
+    comes back too: a sweeper needs its shard and would otherwise ask for it."""
     async with db.connect() as conn:
         run = await run_or_not_found(conn, run_id)
         if run["status"] not in RUN_TERMINAL:
@@ -82,7 +83,7 @@ async def claim(db: Database, run_id: str, max_attempts: int, limit: int,
                               {"run_id": run_id, "revertable": list(REVERTABLE), "max_attempts": max_attempts,
                                "timeout": float(claim_timeout_s), "limit": limit})
     changes = resource_changes(result, "cleanup.claimed")
-    return [change.resource for change in changes], changes
+    return run, [change.resource for change in changes], changes
 
 
 async def reverted(db: Database, resource_id: int) -> tuple[dict, list[Change]]:
@@ -120,6 +121,61 @@ async def failed(db: Database, resource_id: int, error: str, transient: bool) ->
             raise await resource_or_conflict(conn, resource_id, "a failed give-back", step.allowed)
     changes = resource_changes(result, step.log_kind)
     return changes[0].resource, changes
+
+
+_OUTCOME_LOG_KINDS = {"reverted": statuses.REVERTED.log_kind, "drifted": statuses.DRIFTED.log_kind,
+                      "failed": statuses.FAILED.log_kind, "transient": statuses.FAILED.log_kind}
+"""The run-log kind each verdict writes (the same entries as the one-row requests)."""
+
+
+async def outcomes(db: Database, given: list[tuple[int, str, str | None]]) -> tuple[dict[str, Any], list[Change]]:
+    """Record a batch of give-back outcomes ``(resource id, verdict, error)`` in one statement.
+
+    Each row's transition is the same guarded step as its one-row request (``reverted``,
+    ``drifted``, ``failed``; ``transient`` is a failure that keeps the row's attempts
+    unspent), from ``reverting`` only. One commit for the batch instead of one per row.
+    Rows that were not ``reverting`` (another sweeper recorded them first) are listed as
+    conflicts with their status, unknown ids as missing; the rest of the batch still lands."""
+    ids = [row_id for row_id, _, _ in given]
+    async with db.connect() as conn:
+        result = await rows(conn, f"""
+            WITH given AS (
+                SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:verdicts AS text[]), CAST(:errors AS text[]),
+                                     CAST(:log_kinds AS text[])) AS g(id, verdict, error, log_kind)
+            ), changed AS (
+                UPDATE resources s SET
+                       status = CASE g.verdict WHEN 'reverted' THEN 'reverted' WHEN 'drifted' THEN 'drifted'
+                                ELSE COALESCE(s.previous_status, 'confirmed') END,
+                       previous_status = CASE WHEN g.verdict IN ('failed', 'transient') THEN NULL
+                                         ELSE s.previous_status END,
+                       attempts = s.attempts + CASE WHEN g.verdict IN ('failed', 'transient') THEN 1 ELSE 0 END,
+                       gave_up = s.gave_up OR g.verdict = 'failed',
+                       last_error = COALESCE(g.error, s.last_error), claimed_at = NULL, updated_at = now()
+                FROM given g WHERE s.id = g.id AND s.status = 'reverting'
+                RETURNING s.*, g.verdict, g.error AS given_error, g.log_kind
+            ), logged AS (
+                INSERT INTO run_log (run_id, resource_id, kind, detail)
+                SELECT run_id, id, log_kind, CASE WHEN verdict IN ('reverted', 'drifted')
+                    THEN jsonb_build_object('status', status, 'error', given_error)
+                    ELSE jsonb_build_object('error', last_error, 'transient', verdict = 'transient',
+                                            'attempts', attempts) END
+                FROM changed
+            )
+            SELECT {resource_json('c')}::text AS resource, {run_json('r')}::text AS run, c.log_kind,
+                   NULL::text AS status, c.id
+            FROM changed c JOIN runs r ON r.run_id = c.run_id
+            UNION ALL
+            SELECT NULL, NULL, NULL, s.status, s.id FROM resources s
+            WHERE s.id = ANY(CAST(:ids AS bigint[])) AND s.id NOT IN (SELECT id FROM changed)
+            ORDER BY id""",
+                              {"ids": ids, "verdicts": [verdict for _, verdict, _ in given],
+                               "errors": [None if error is None else error[:ERROR_MAX] for _, _, error in given],
+                               "log_kinds": [_OUTCOME_LOG_KINDS[verdict] for _, verdict, _ in given]})
+    changes = [Change(row.log_kind, as_json(row.run), as_json(row.resource)) for row in result if row.run]
+    conflicts = [{"resourceId": row.id, "status": row.status} for row in result if not row.run]
+    known = {row.id for row in result}
+    return {"recorded": [row.id for row in result if row.run], "conflicts": conflicts,
+            "missing": [row_id for row_id in ids if row_id not in known]}, changes
 
 
 async def finish(db: Database, run_id: str, max_attempts: int,

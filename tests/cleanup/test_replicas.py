@@ -101,3 +101,30 @@ async def test_a_sweeper_killed_mid_revert_is_recovered_after_the_claim_timeout_
     for run in runs:
         console = await ledger.console(run)
         assert console["counts"]["reverted"] == 100 and console["unresolved"] == 0
+
+
+async def test_rows_queued_past_their_claims_deadline_are_deferred_not_sent_while_another_sweeper_may_take_them(
+        nc, shard, ledger, services, unique):
+    # One give-back slot and slow despawns: most of a claimed batch waits behind the slot
+    # longer than the claim lasts. Sent anyway, another sweeper would reclaim them mid-flight
+    # and the shard would see one key twice at once (bridge.busy: a spent attempt).
+    runs = await _populate(shard, ledger, f"d{unique}", 1, 12, 0)
+    shard.sim.answer_delay_s["world.despawn"] = 0.5
+    deferred: list[int] = []
+
+    async def on_swept(msg) -> None:
+        deferred.append(json.loads(msg.data)["deferred"])
+
+    await nc.subscribe(subjects.CLEANUP_SWEPT, cb=on_swept)
+    for _ in range(2):
+        await start_cleanup(services, sweep_period_s="0.3", sweep_batch_size="12", give_back_concurrency="1",
+                            claim_timeout_s="2", command_timeout_s="1")
+    await ledger.end(runs[0])
+    await wait_for(lambda: _all_clean(nc, runs), "the run's cleanup complete", timeout=60, every=0.3)
+
+    assert shard.sim.executed["world.despawn"] == 12
+    assert shard.sim.busy["world.despawn"] == 0
+    console = await ledger.console(runs[0])
+    assert console["counts"]["reverted"] == 12
+    assert [r["attempts"] for r in console["resources"]] == [0] * 12
+    assert sum(deferred) > 0  # the situation really arose

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from shardbus import embedded
-from shared.nats_connect import BackOff, connect
+from shared.nats_connect import BackOff, connect, inbox_prefix
 
 
 def test_back_off_doubles_and_is_capped():
@@ -40,3 +40,14 @@ async def test_a_connection_survives_a_server_restart(tmp_path):
     finally:
         await nc.close()
         server.stop()
+
+
+@pytest.mark.parametrize(("servers", "prefix"), [
+    ("nats://gateway:pw@nats:4222", "_INBOX_gateway"),
+    (["nats://website:pw@n1:4222", "nats://website:pw@n2:4222"], "_INBOX_website"),
+    ("nats://127.0.0.1:4222", "_INBOX"),          # no user: NATS's own shared inbox
+    ("nats://a.b:pw@nats:4222", "_INBOX"),        # a user that cannot be a subject token
+    ("module-events:pw@nats:4222", "_INBOX_module-events"),
+])
+def test_replies_come_back_under_the_users_own_inbox(servers, prefix):
+    assert inbox_prefix(servers) == prefix
