@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import secrets
 import shutil
 import subprocess
@@ -44,6 +43,7 @@ from nats.js.api import DeliverPolicy
 
 from shardbus import embedded
 from shared import subjects
+from shared.nats_connect import inbox_prefix
 from simulator.shard import ShardSimulator
 from tests.processes import ServiceProcesses
 
@@ -158,8 +158,10 @@ async def connect(secure_nats: SecureNats) -> AsyncIterator[Any]:
         async def on_error(exc: Exception) -> None:
             errors.append(str(exc))
 
-        nc = await nats.connect(url or secure_nats.url(name), connect_timeout=5, allow_reconnect=False,
-                                max_reconnect_attempts=1, error_cb=on_error, inbox_prefix=own_inbox(name))
+        servers = url or secure_nats.url(name)
+        # The prefix the product derives from the URL's user, which the config must allow.
+        nc = await nats.connect(servers, connect_timeout=5, allow_reconnect=False,
+                                max_reconnect_attempts=1, error_cb=on_error, inbox_prefix=inbox_prefix(servers))
         opened.append(User(name, nc, errors))
         return opened[-1]
 
@@ -313,26 +315,11 @@ async def test_replies_on_a_users_own_inbox_reach_that_user_only(connect):
     assert gateway.errors == [] and module.errors == [] and ledger.errors == []
 
 
-SHARED_INBOX_HOLDERS = [user for user in USERS
-                        if re.search(rf'^{re.escape(user.upper().replace("-", "_"))}_PERMISSIONS = \{{[^=]*"_INBOX\.>"',
-                                     CONFIG.read_text(), re.M | re.S)]
-"""The users nats.conf still lets subscribe to the shared ``_INBOX.>`` (docs/security.md)."""
-
-
-@pytest.mark.skipif(not SHARED_INBOX_HOLDERS, reason="no user holds the shared inbox any more")
-async def test_what_remains_a_holder_of_the_shared_inbox_hears_replies_sent_to_it(secure_nats, connect):
-    """The limit docs/security.md states: while a user may subscribe to ``_INBOX.>``, it hears
-    the replies of any client that still uses the default prefix ``_INBOX``."""
-    assert "ledger" not in SHARED_INBOX_HOLDERS
-    spy = await connect(SHARED_INBOX_HOLDERS[0])
-    shared_inbox = await listen(spy, "_INBOX.>")
-    old_style = await nats.connect(secure_nats.url("gateway"), connect_timeout=5, allow_reconnect=False)
-    try:
-        await old_style.jetstream().account_info()
-    finally:
-        await old_style.close()
-    await shared_inbox.wait_for(1)
-    assert shared_inbox.got[0].subject.startswith("_INBOX.")
+@pytest.mark.parametrize("user", USERS)
+async def test_no_user_may_listen_on_the_shared_inbox(connect, user):
+    """Every client hears its replies under its own prefix, so nobody needs ``_INBOX.>`` —
+    and whoever had it could read the replies of any client on the libraries' default."""
+    assert await (await connect(user)).refused_subscription("_INBOX.>")
 
 
 # --- durability and the cluster --------------------------------------------------------------
