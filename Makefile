@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 LOCAL_NATS_URL ?= nats://127.0.0.1:4222
 LOCAL_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
-.PHONY: up test test-local-servers test-faults bench docs clean
+.PHONY: up test test-local-servers test-faults bench soak docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ test-faults: $(STAMP)
 
 bench: $(STAMP)
 	@set -e; for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done
+
+# The soak: the whole embedded stack under steady load for MINUTES (figures in
+# docs/performance.md, "Soak"); `make bench` runs it for its default 1 minute.
+MINUTES ?= 10
+soak: $(STAMP)
+	$(PY) bench/soak.py --minutes $(MINUTES)
 
 # The README's settings table and each service's AsyncAPI document (every subject it
 # serves, with its payload schema), both generated from the code.

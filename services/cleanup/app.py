@@ -33,6 +33,9 @@ QUEUE = "cleanup-workers"
 JITTER = 0.1
 """Periods vary by ±10% so replicas started together drift apart."""
 
+OUTAGE_RETRY_S = 1.0
+"""First wait before sweeping again after the ledger stopped a periodic sweep (then doubled)."""
+
 
 def _run_reply(report: RunReport) -> dict[str, Any]:
     """A one-run sweep's reply: the run's report, or the ledger's refusal (e.g. 409, 404)."""
@@ -102,23 +105,32 @@ def create_app(settings: CleanupSettings | None = None) -> FastStream:
         modules = request.modules if request.modules is not None else settings.modules_to_reconcile()
         return replies.ok(**(await reconciler().reconcile(modules)).to_dict())
 
-    async def every(period_s: float, job: Callable[[], Awaitable[Any]], name: str) -> None:
+    async def every(period_s: float, job: Callable[[], Awaitable[bool]], name: str) -> None:
+        """Run ``job`` every period; after a job the ledger stopped (False), sooner, backing off
+        from OUTAGE_RETRY_S up to the period (e.g. the first sweep, before the ledger is up)."""
+        retry_s = OUTAGE_RETRY_S
         while True:
             try:
-                await job()
+                done = await job()
             except Exception:  # noqa: BLE001 — a periodic job must outlive any one failure
                 log.exception("periodic job failed", extra={"job": name})
-            await asyncio.sleep(period_s * random.uniform(1 - JITTER, 1 + JITTER))
+                done = True
+            wait_s, retry_s = (period_s, OUTAGE_RETRY_S) if done else (min(period_s, retry_s), retry_s * 2)
+            await asyncio.sleep(wait_s * random.uniform(1 - JITTER, 1 + JITTER))
 
-    async def periodic_reconcile() -> None:
+    async def periodic_sweep() -> bool:
+        return not (await full_sweep("period")).get("error")
+
+    async def periodic_reconcile() -> bool:
         if modules := settings.modules_to_reconcile():
             report = await reconciler().reconcile(modules)
             log.info("reconcile done", extra=report.to_dict())
+        return True
 
     @app.after_startup
     async def start_periodic() -> None:
         sweeper()
-        tasks.append(asyncio.create_task(every(settings.sweep_period_s, lambda: full_sweep("period"), "sweep")))
+        tasks.append(asyncio.create_task(every(settings.sweep_period_s, periodic_sweep, "sweep")))
         tasks.append(asyncio.create_task(every(settings.reconcile_period_s, periodic_reconcile, "reconcile")))
 
     @app.on_shutdown
