@@ -228,8 +228,10 @@ async def commands(nats_url: str, port: int) -> tuple[float, float, float]:
 async def _command_rounds(nc: nats.NATS, subject: str) -> tuple[float, float, float]:
 
     async def request() -> None:
-        reply = json.loads((await nc.request(subject, b"{}", timeout=10)).data)
-        assert reply["status"] == 200, reply
+        # Checked without parsing the whole reply: the raw baseline parses nothing either,
+        # and on two cores the caller's json.loads competes with the gateway for a core.
+        data = (await nc.request(subject, b"{}", timeout=10)).data
+        assert data.startswith(b'{"status":200,'), data[:200]
 
     await round_trips(request, 500)  # warm-up
     return await round_trips(request, COMMANDS)
