@@ -116,8 +116,12 @@ class BoardStore:
         Not ``KeyValue.watch``: its end-of-initial-values marker races the first delivery
         (nats-py checks the consumer's pending count after the server may already have sent
         the entry), so a read could come back empty. A pull consumer sends nothing until
-        asked, so the pending count it reports on creation is exact, and each entry's own
-        pending count says when the snapshot is complete."""
+        asked, so the pending count it reports on creation is the snapshot's size; exactly
+        that many distinct messages are read. Not each message's own pending count: while a
+        key is being rewritten NATS 2.9 keeps counting the new writes (the read would chase
+        them), and it may deliver one message twice (counted once here). A key rewritten
+        meanwhile arrives in its newer version (the bucket keeps one per key, so the older
+        one is gone), never missing."""
         name = bucket_name(self.prefix, board)
         stream, prefix = f"KV_{name}", f"$KV.{name}."
         config = ConsumerConfig(name=uuid.uuid4().hex, filter_subject=f"{prefix}{shard}.>",
@@ -125,17 +129,28 @@ class BoardStore:
                                 inactive_threshold=READ_TIMEOUT_S * 4, mem_storage=True)
         info = await self.js.add_consumer(stream, config=config)
         entries: dict[str, Any] = {}
+        newest: dict[str, int] = {}  # key → stream sequence of the version in ``entries``
+        seen: set[int] = set()
         try:
             remaining = info.num_pending or 0
             if remaining:
                 sub = await self.js.pull_subscribe_bind(stream=stream, name=config.name)
                 try:
                     while remaining > 0:
-                        msgs = await sub.fetch(min(remaining, READ_BATCH), timeout=READ_TIMEOUT_S)
-                        for msg in msgs:
+                        for msg in await sub.fetch(min(remaining, READ_BATCH), timeout=READ_TIMEOUT_S):
+                            seq = msg.metadata.sequence.stream
+                            if seq in seen:  # NATS 2.9 may deliver one message twice while keys change
+                                continue
+                            seen.add(seq)
+                            remaining -= 1
+                            key = msg.subject[len(prefix) + len(shard) + 1:]
+                            if seq < newest.get(key, 0):
+                                continue
+                            newest[key] = seq
                             if msg.data and not set(msg.headers or {}) & SKIPPED_HEADERS:
-                                entries[msg.subject[len(prefix) + len(shard) + 1:]] = json.loads(msg.data)
-                        remaining = msgs[-1].metadata.num_pending
+                                entries[key] = json.loads(msg.data)
+                            else:  # deleted or purged (maybe after the snapshot began)
+                                entries.pop(key, None)
                 finally:
                     await sub.unsubscribe()
         finally:

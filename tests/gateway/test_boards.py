@@ -141,3 +141,32 @@ async def test_a_board_read_right_after_a_write_always_sees_it(gateway, nc, uniq
                                              timeout=5)).data)
         assert added["status"] == 200
         assert [item["id"] for item in (await read_board(nc, shard, "news"))["items"]] == [f"n{n}"]
+
+
+async def test_a_board_read_while_its_keys_change_shows_every_key_and_never_goes_back(gateway, unique):
+    # On NATS 2.9 a read once chased the writes, or missed a key: that server delivers one
+    # message twice while keys change, and keeps counting new writes as pending.
+    boards, shard = gateway.gateway.boards, f"s{unique}"
+    bucket = boards.buckets["guilds"]
+    stop = asyncio.Event()
+
+    async def rewrite() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            await bucket.put(f"{shard}.7.roster", json.dumps(n).encode())
+            await bucket.put(f"{shard}.7.item", json.dumps(n).encode())
+            await asyncio.sleep(0.002)
+
+    writer = asyncio.create_task(rewrite())
+    try:
+        await asyncio.sleep(0.05)
+        newest = 0
+        for _ in range(200):
+            entries = await asyncio.wait_for(boards.latest("guilds", shard), 10)
+            assert set(entries) == {"7.item", "7.roster"}, entries
+            assert entries["7.roster"] >= newest
+            newest = entries["7.roster"]
+    finally:
+        stop.set()
+        await writer
