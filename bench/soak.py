@@ -63,6 +63,9 @@ from shared import subjects  # noqa: E402
 from simulator.shard import ShardSimulator  # noqa: E402
 from simulator.world import ShardWorld  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+import gateway as gateway_bench  # noqa: E402  (bench/gateway.py: its raw baseline's responder)
+
 try:
     import psutil
 except ImportError:  # /proc is read directly then
@@ -104,19 +107,8 @@ KIND = "soak.tick"
 PAD = "x" * 60
 """Filler so a frame is about 120 bytes, like the other benchmarks'."""
 
-ECHO_RESPONDER = """
-import asyncio, sys, nats
-async def main():
-    nc = await nats.connect(sys.argv[1])
-    async def echo(msg):
-        await msg.respond(msg.data)
-    await nc.subscribe(sys.argv[2], cb=echo)
-    await nc.flush()
-    print("ready", flush=True)
-    await asyncio.Event().wait()
-asyncio.run(main())
-"""
-"""The raw baseline's responder: a process of its own (as in bench/gateway.py)."""
+ECHO_RESPONDER = gateway_bench.ECHO_RESPONDER
+"""The raw baseline's responder: a process of its own (bench/gateway.py's)."""
 
 
 # --- what the shard executed ----------------------------------------------------------------

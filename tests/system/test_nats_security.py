@@ -118,21 +118,17 @@ class User:
     async def refused(self, subject: str) -> bool:
         """True when the server answers a publish to ``subject`` with a permissions violation."""
         await self.nc.publish(subject, b"{}")
-        await self.nc.flush(timeout=5)
-        needle = f'permissions violation for publish to "{subject.lower()}"'
-        try:
-            async with asyncio.timeout(REFUSAL_WAIT_S):
-                while not any(needle in error.lower() for error in self.errors):
-                    await asyncio.sleep(0.01)
-        except TimeoutError:
-            return False
-        return True
+        return await self._violation("publish to", subject)
 
     async def refused_subscription(self, subject: str) -> bool:
         """True when the server refuses a subscription to ``subject`` (a permissions violation)."""
         await self.nc.subscribe(subject)
+        return await self._violation("subscription to", subject)
+
+    async def _violation(self, what: str, subject: str) -> bool:
+        """Whether the server reports a permissions violation for ``what`` ``subject``."""
         await self.nc.flush(timeout=5)
-        needle = f'permissions violation for subscription to "{subject.lower()}"'
+        needle = f'permissions violation for {what} "{subject.lower()}"'
         try:
             async with asyncio.timeout(REFUSAL_WAIT_S):
                 while not any(needle in error.lower() for error in self.errors):
