@@ -1,7 +1,9 @@
 """Fault: the only nats-server is stopped for 10 s and started again (same port, same store)
-while a simulated shard keeps sending frames through a real gateway process. The gateway
-buffers, then pushes back on the shard; once NATS is back every frame is stored exactly
-once, and commands are answered again within seconds of the restart."""
+while a simulated shard keeps sending frames through a real gateway process, and runs keep
+being created on it, recorded in the ledger, ended and given back by two cleanup replicas.
+The gateway buffers, then pushes back on the shard; once NATS is back every frame is stored
+exactly once, commands are answered again within seconds of the restart, every request the
+outage left unanswered is answered on a retry, and every resource is given back exactly once."""
 
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ import nats
 import pytest
 
 from shardbus import embedded
-from simulator.shard import ShardSimulator
-from tests.faults.harness import TOKEN, Tally, finish_and_count, keep_commanding, send_frames, \
-    wait_commands_answered
+from tests.cleanup.conftest import connect_shard
+from tests.faults.harness import Tally, finish_and_count, keep_commanding, send_frames
+from tests.faults.workload import RunLoad
 from tests.processes import ServiceProcesses
 
 pytestmark = pytest.mark.faults
@@ -31,22 +33,23 @@ OUTAGE_S = 10.0
 RESUME_WITHIN_S = 5.0
 """Longest acceptable time from the restart to the first answered command."""
 
+RUNS, EVERY_S = 30, 0.5
+"""Runs the workload creates, records and ends, one every 0.5 s (15 s, so across the outage)."""
 
-@pytest.mark.timeout(120)
-async def test_a_10_s_nats_outage_loses_no_frame(tmp_path, unique):
+
+@pytest.mark.timeout(90)
+async def test_a_10_s_nats_outage_loses_no_frame_and_gives_every_resource_back_once(tmp_path, database_url,
+                                                                                     unique):
     port = embedded.free_port()
     servers = [embedded.start_nats(tmp_path / "nats", port=port)]
     procs = ServiceProcesses(tmp_path, servers[0].url)
     nc = await nats.connect(servers[0].url, connect_timeout=5, max_reconnect_attempts=-1,
                             reconnect_time_wait=0.2)
-    shard_port = embedded.free_port()
-    sim = ShardSimulator("127.0.0.1", shard_port, f"nr{unique}", TOKEN)
-    tally, stop = Tally(), asyncio.Event()
+    tally, stop, shard, load = Tally(), asyncio.Event(), None, None
     try:
-        procs.start("gateway", shard_token=TOKEN, shard_port=str(shard_port), publish_ack_timeout_s="1",
-                    silence_timeout_s="60")
-        await sim.connect()
-        await wait_commands_answered(nc, sim.shard)
+        shard = await connect_shard(nc, procs, f"nr{unique}", publish_ack_timeout_s="1", silence_timeout_s="60")
+        sim = shard.sim
+        load = await RunLoad.start(procs, nc, shard, database_url, f"w{unique}", RUNS, EVERY_S)
         commander = asyncio.create_task(keep_commanding(nc, sim.shard, tally, stop))
         sender = asyncio.create_task(send_frames(sim, tally, FRAMES, RATE))
 
@@ -61,11 +64,16 @@ async def test_a_10_s_nats_outage_loses_no_frame(tmp_path, unique):
 
         await finish_and_count(nc, sim, tally, sender, commander, stop, FRAMES, ack_timeout=60)
         resumed = tally.resumed_after(restarted_at)
+        await load.finish()
         print(f"\n{tally.line(f'nats-server stopped {OUTAGE_S:.0f} s')}; about {sent_during_outage} frames "
-              f"sent during the outage; commands answered again {resumed:.2f} s after the restart")
+              f"sent during the outage; commands answered again {resumed:.2f} s after the restart; "
+              f"{load.line()}")
     finally:
         stop.set()
-        await sim.close()
+        if load:
+            await load.cancel()
+        if shard:
+            await shard.sim.close()
         await nc.close()
         procs.stop_all()
         for server in servers:
@@ -76,3 +84,5 @@ async def test_a_10_s_nats_outage_loses_no_frame(tmp_path, unique):
     assert tally.lost == 0 and tally.duplicated == 0, tally.line("nats-server restarted")
     assert tally.stored == FRAMES
     assert resumed < RESUME_WITHIN_S, f"commands answered again only {resumed:.2f} s after the restart"
+    load.check()
+    assert load.answered.retried_ok >= 1, "no workload request was in flight during the outage"

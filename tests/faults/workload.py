@@ -1,12 +1,14 @@
 """What the replica-kill scenarios share: ledger requests that are retried (same payload, so
 the same idempotency key) when a replica dies under them; a workload that keeps creating
 runs on a simulated shard, recording what they really hold there and ending them so that
-cleanup gives it all back; and what an installer test reads: who holds the site lock,
+cleanup gives it all back (and, for the NATS faults, :class:`RunLoad`: a ledger and two cleanup
+replicas with that workload, checked afterwards); and what an installer test reads: who holds the site lock,
 scratch left in the volume, whether ``installer.list`` is still answered."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -16,8 +18,9 @@ import nats
 import nats.js.errors
 
 from shared import subjects
-from tests.cleanup.conftest import Ledger, Shard, ask
-from tests.cleanup.test_replicas import _populate
+from tests.cleanup.conftest import Ledger, Shard, ask, start_cleanup, wait_for
+from tests.cleanup.test_replicas import _all_clean, _populate
+from tests.processes import ServiceProcesses
 
 ATTEMPT_S = 2.0
 """How long one attempt of a ledger request may take before it is counted failed and retried."""
@@ -41,14 +44,25 @@ class Retrying:
     retried_ok: int = 0
     recovered_times: list[float] = field(default_factory=list)
     """When each request that had failed was answered on a retry."""
+    answered: int = 0
+    key_commands: bool = False
+    """Give each shard command sent without an idempotency key one made of its subject and body:
+    a first attempt delivered late (NATS buffers while reconnecting) and its resend are then
+    one execution at the shard and a replay, not two executions."""
 
     async def request(self, subject: str, payload: bytes, timeout: float = ATTEMPT_S) -> nats.aio.msg.Msg:
         self.requests += 1
         self.in_flight += 1
         if self.in_flight >= self.busy_at:
             self.busy.set()
+        if self.key_commands and ".cmd." in subject:
+            body = json.loads(payload or b"{}")
+            body.setdefault("idempotencyKey", hashlib.sha256(subject.encode() + payload).hexdigest()[:24])
+            payload = json.dumps(body).encode()
         try:
-            return await self._answered(subject, payload, timeout)
+            reply = await self._answered(subject, payload, timeout)
+            self.answered += 1
+            return reply
         finally:
             self.in_flight -= 1
 
@@ -112,6 +126,87 @@ class Workload:
 
     async def none_reverting(self, ids: set[int]) -> bool:
         return not ids & await self.reverting()
+
+
+RUN_LOAD_CLEANUP = {"sweep_period_s": "0.3", "claim_timeout_s": "3", "command_timeout_s": "2",
+                    "ledger_timeout_s": "2", "max_attempts": "20"}
+"""The cleanup replicas of :class:`RunLoad`: short periods, so giving back resumes within seconds.
+Each sweep spends an attempt of a row whose give-back met "no responders" (the gateway still
+reconnecting): at a 0.3 s period the default 3 would be spent in a second and the run left
+``incomplete``, where a real period (30 s) spreads them over a minute."""
+
+
+@dataclass
+class RunLoad:
+    """A ledger process (on ``database_url``), two cleanup replicas and a :class:`Workload` on a
+    connected ``shard``, all over the NATS under test: runs keep being created, recorded and
+    ended, and given back, while the fault happens. Every request is :class:`Retrying`."""
+
+    answered: Retrying
+    work: Workload
+    runs: int
+    producing: asyncio.Task | None = None
+    consoles: list[dict] = field(default_factory=list)
+
+    @classmethod
+    async def start(cls, procs: ServiceProcesses, nc: nats.NATS, shard: Shard, database_url: str, prefix: str,
+                    runs: int, every_s: float, creatures: int = 10, leases: int = 3) -> RunLoad:
+        """Start the services (in a thread: the shard keeps answering) and the workload."""
+        ledger = await asyncio.to_thread(procs.start, "ledger", database_url=database_url)
+        for _ in range(2):
+            await start_cleanup(procs, **RUN_LOAD_CLEANUP)
+        answered = Retrying(nc, key_commands=True)
+        work = Workload(Shard(answered, shard.gateway, shard.sim), Ledger(answered, ledger), prefix, creatures,
+                        leases)
+        load = cls(answered, work, runs)
+        load.producing = asyncio.create_task(work.produce(runs, every_s))
+        return load
+
+    async def finish(self, timeout: float = 30.0) -> None:
+        """Until every run is ended and its cleanup complete; then read their consoles."""
+        await asyncio.wait_for(self.producing, timeout)
+        try:
+            await wait_for(lambda: _all_clean(self.answered, self.work.ended), "every run's cleanup complete",
+                           timeout=timeout, every=0.3)
+        except TimeoutError:
+            left = [c for c in await self.work.consoles() if c["run"]["cleanupStatus"] != "complete"]
+            seen = [(c["run"]["cleanupStatus"], c["counts"], {r["lastError"] for r in c["resources"]}) for c in left]
+            raise AssertionError(f"{len(left)} runs' cleanup not complete after {timeout} s: {seen[:3]}") from None
+        self.consoles = await self.work.consoles()
+
+    async def cancel(self) -> None:
+        if self.producing and not self.producing.done():
+            self.producing.cancel()
+            await asyncio.gather(self.producing, return_exceptions=True)
+
+    def expected(self) -> dict[str, int]:
+        """How many times each verb must have been executed at the shard."""
+        w = self.work
+        return {"world.spawn": self.runs, "lease.apply": self.runs * w.leases,
+                "world.despawn": self.runs * w.creatures, "lease.release": self.runs * w.leases}
+
+    def duplicated(self) -> int:
+        executed = self.work.shard.sim.executed
+        return sum(max(0, executed[verb] - count) for verb, count in self.expected().items())
+
+    def line(self) -> str:
+        executed = self.work.shard.sim.executed
+        return (f"runs {len(self.work.ended)}, resources {self.runs * (self.work.creatures + self.work.leases)}, "
+                f"executed {executed['world.despawn'] + executed['lease.release']}, duplicated "
+                f"{self.duplicated()}; requests {self.answered.requests}, retried {self.answered.retried_ok} "
+                f"({self.answered.failed} attempts failed)")
+
+    def check(self) -> None:
+        """Every run ended and given back; each resource executed exactly once; nothing stuck."""
+        sim, per_run = self.work.shard.sim, self.work.creatures + self.work.leases
+        assert len(self.work.ended) == self.runs, self.line()
+        assert self.answered.answered == self.answered.requests, self.line()
+        assert {verb: sim.executed[verb] for verb in self.expected()} == self.expected(), self.line()
+        assert not any(obj.present for obj in sim.world.objects.values()) and sim.world.holds == {}
+        assert len(self.consoles) == self.runs
+        for console in self.consoles:
+            assert console["unresolved"] == 0 and console["counts"]["reverting"] == 0, console["counts"]
+            assert console["counts"]["reverted"] == per_run, console["counts"]
 
 
 async def lock_holder(nc: nats.NATS, bucket: str, site: str) -> int | None:
