@@ -100,12 +100,7 @@ async def test_killing_one_nats_node_of_three_loses_no_acknowledged_frame_nor_gi
               f"longest command pause {gap:.2f} s; {load.line()}; services on the killed node {on_victim}")
     finally:
         stop.set()
-        if load:
-            await load.cancel()
-        if shard:
-            await shard.sim.close()
-        await nc.close()
-        procs.stop_all()
+        await RunLoad.tear_down(load, shard, nc, procs)
 
     info_stream = f"({victim_role} {leader} killed)"
     assert tally.acknowledged == FRAMES, info_stream

@@ -70,12 +70,7 @@ async def test_a_10_s_nats_outage_loses_no_frame_and_gives_every_resource_back_o
               f"{load.line()}")
     finally:
         stop.set()
-        if load:
-            await load.cancel()
-        if shard:
-            await shard.sim.close()
-        await nc.close()
-        procs.stop_all()
+        await RunLoad.tear_down(load, shard, nc, procs)
         for server in servers:
             server.stop()
 

@@ -179,6 +179,17 @@ class RunLoad:
             self.producing.cancel()
             await asyncio.gather(self.producing, return_exceptions=True)
 
+    @staticmethod
+    async def tear_down(load: RunLoad | None, shard: Shard | None, nc: nats.NATS, procs: ServiceProcesses) -> None:
+        """End a scenario with runs, whatever state it stopped in: the workload, the shard, the
+        test's connection, then every process it started (the servers are the caller's)."""
+        if load:
+            await load.cancel()
+        if shard:
+            await shard.sim.close()
+        await nc.close()
+        procs.stop_all()
+
     def expected(self) -> dict[str, int]:
         """How many times each verb must have been executed at the shard."""
         w = self.work
