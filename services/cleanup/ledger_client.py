@@ -58,21 +58,21 @@ class LedgerClient:
                                                                  "limit": min(limit, MAX_LIMIT)})
         return [str(run) for run in reply.get("runs", [])]
 
-    async def claim(self, run_id: str, max_attempts: int, limit: int,
-                    claim_timeout_s: float) -> tuple[list[dict], str | None]:
+    async def claim(self, run_id: str, max_attempts: int, limit: int, claim_timeout_s: float) -> tuple[list[dict], str]:
         """Rows now ``reverting`` for this sweeper, and the run's shard."""
-        reply = await self.call(subjects.LEDGER_SWEEP_CLAIM, {"runId": run_id, "maxAttempts": max_attempts,
-                                                       "limit": limit, "claimTimeoutS": claim_timeout_s})
-        shard = reply.get("shard")
-        return list(reply.get("resources", [])), shard if isinstance(shard, str) else None
+        subject = subjects.LEDGER_SWEEP_CLAIM
+        reply = await self.call(subject, {"runId": run_id, "maxAttempts": max_attempts, "limit": limit,
+                                          "claimTimeoutS": claim_timeout_s})
+        rows, shard = list(reply.get("resources", [])), reply.get("shard")
+        if rows and not isinstance(shard, str):
+            raise LedgerError(subject, 502, "the ledger's claim named no shard for the rows it handed out")
+        return rows, shard or ""
 
     async def outcomes(self, outcomes: list[dict[str, Any]]) -> dict[str, Any]:
         """Record give-back outcomes (``resourceId``, ``verdict``, ``error``) in one request;
         the reply says which were ``recorded``, which were ``conflicts`` and which ``missing``."""
-        for outcome in outcomes:
-            if outcome.get("error") is not None:
-                outcome["error"] = outcome["error"][:ERROR_MAX]
-        return await self.call(subjects.LEDGER_SWEEP_OUTCOMES, {"outcomes": outcomes})
+        cut = [{**o, "error": o["error"][:ERROR_MAX]} if o.get("error") is not None else o for o in outcomes]
+        return await self.call(subjects.LEDGER_SWEEP_OUTCOMES, {"outcomes": cut})
 
     async def finish(self, run_id: str, max_attempts: int, summary: dict[str, Any]) -> dict[str, Any]:
         reply = await self.call(subjects.LEDGER_SWEEP_FINISH, {"runId": run_id, "maxAttempts": max_attempts,

@@ -180,8 +180,6 @@ class Sweeper:
                                                       self.limits.claim_timeout_s)
                 if not rows:
                     break
-                if shard is None:  # a ledger that predates shards in claim replies
-                    shard = await self.shard_of(run_id)
                 report.claimed += len(rows)
                 fresh = [row for row in rows if _row_id(row) not in handled]
                 handled.update(_row_id(row) for row in rows)
