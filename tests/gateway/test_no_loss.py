@@ -67,7 +67,7 @@ async def test_killing_nats_mid_stream_loses_and_duplicates_no_frame(own_nats, s
 
 
 async def test_back_pressure_stops_reading_when_the_buffer_is_full(own_nats, start_gateway, shard_sims, unique):
-    servers, _ = own_nats
+    servers, restart = own_nats
     running = await start_gateway(nats_servers=servers[0].url, buffer_frames=50, publish_ack_timeout_s=1.0,
                                   silence_timeout_s=60)
     sim = await shard_sims(running, f"s{unique}", sequenced=False)
@@ -80,3 +80,10 @@ async def test_back_pressure_stops_reading_when_the_buffer_is_full(own_nats, sta
     # The gateway read a bounded number of lines; the rest wait in the socket (TCP back-pressure).
     assert running.gateway.publishers[sim.shard].pending() <= 50 + 256
     assert link.line_no < 300
+    # NATS back before the teardown: a nats-py client still reconnecting to a dead server can
+    # swallow the cancellation that closes it (Python 3.11's wait_for) and keep the test's
+    # event loop from ever closing (seen once in CI: a 300 s teardown timeout).
+    restart()
+    async with asyncio.timeout(10):
+        while not running.nc.is_connected:
+            await asyncio.sleep(0.05)
