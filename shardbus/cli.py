@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         commands.register(sub)
+    from simulator import cli as simulator_cli
+
+    simulator_cli.register(sub)
     return parser
 
 

@@ -1,10 +1,13 @@
-"""The simulated shard as a real TCP client of the gateway (protocol 7).
+"""The simulated shard as a real TCP client of the gateway, speaking protocol 7 exactly as
+the sidecar seed quotes it (:mod:`simulator.seed_wire`): nothing invented.
 
 It says hello, answers pings, executes commands against a :class:`~simulator.world.ShardWorld`,
-replays keyed commands from its idempotency cache (``replayed: true``), answers ``bridge.busy``
-while a command under the same key is still in flight, numbers frames with ``seq`` and resends
-the unacknowledged ones after a reconnect, and sends big guild rosters in chunks. It counts,
-per verb, the commands executed and the commands replayed.
+replays keyed commands from its idempotency cache (``replayed: true``, S004:1578), answers
+``bridge.busy`` while a command under the same key is still in flight (S004:956), takes the
+news the gateway pushes (``news.add``, S004:293), and sends big guild rosters in chunks
+(``id``/``seq``/``more``/``members``, S004:263-276). Frames carry no ``seq`` unless asked
+(``sequenced=True``: SPEC's optional acknowledgement, beyond today's shards). It counts, per
+verb, the commands executed and the commands replayed.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ class ShardSimulator:
     """One simulated shard connected to a gateway."""
 
     def __init__(self, host: str, port: int, shard: str, token: str, *, protocol: int = PROTOCOL,
-                 world: ShardWorld | None = None, sequenced: bool = True, first_seq: int | None = None,
+                 world: ShardWorld | None = None, sequenced: bool = False, first_seq: int | None = None,
                  answer_pings: bool = True, max_line: int = 16 * 1024 * 1024) -> None:
         self.host, self.port, self.shard, self.token = host, port, shard, token
         self.protocol = protocol
@@ -52,6 +55,8 @@ class ShardSimulator:
         self.mute: set[str] = set()
         self.received: list[dict[str, Any]] = []
         self.news: list[dict[str, Any]] = []
+        self.refused: str | None = None
+        """Why the gateway refused the hello, when it said so before closing."""
         self._done: dict[str, dict[str, Any]] = {}
         self._in_flight: set[str] = set()
         self._outbox: list[bytes] = []
@@ -131,13 +136,14 @@ class ShardSimulator:
 
     async def send_guild(self, guild_id: int, name: str, members: list[dict[str, Any]] | None,
                          chunk: int = ROSTER_CHUNK, **extra: Any) -> None:
-        """A guild's snapshot, then (unless None) its roster in chunks of ``chunk`` members."""
-        await self.send("guild.update", guild={"id": guild_id, "name": name, **extra})
+        """A guild's ``guild.update`` (S004:827), then (unless None) its ``guild.roster`` in chunks
+        of ``chunk`` members, ``seq`` 0, 1, … with ``more`` on all but the last (S004:263-276)."""
+        await self.send("guild.update", id=guild_id, name=name, **extra)
         if members is None:
             return
         parts = [members[i:i + chunk] for i in range(0, len(members), chunk)] or [[]]
         for index, part in enumerate(parts):
-            await self.send("guild.roster", guild=guild_id, seq=index, more=index < len(parts) - 1,
+            await self.send("guild.roster", id=guild_id, seq=index, more=index < len(parts) - 1,
                             members=part)
 
     async def wait_acked(self, timeout: float = 10.0) -> None:
@@ -177,8 +183,10 @@ class ShardSimulator:
             self.unacked.pop(message.get("seq"), None)
             if not self.unacked:
                 self._acked.set()
-        elif kind == "news.item":
+        elif kind == "news.add":
             self.news.append(message)
+        elif kind == "gateway.hello.refused":
+            self.refused = str(message.get("reason"))
         else:
             self.received.append(message)
 
@@ -212,8 +220,7 @@ class ShardSimulator:
         key = json.dumps(key)
         if key in self._in_flight:
             self.busy[verb] += 1
-            return key, {"kind": "bridge.busy", "reqId": body["reqId"],
-                         "reason": "a command under this idempotency key is in flight"}
+            return key, {"kind": "bridge.busy", "reqId": body["reqId"]}
         if key in self._done:
             self.replayed[verb] += 1
             return key, {**self._done[key], "reqId": body["reqId"], "replayed": True}
@@ -224,7 +231,13 @@ class ShardSimulator:
         """Carry the command out; its answer (None when the verb is muted)."""
         try:
             answer = self.world.execute(verb, {k: v for k, v in body.items() if k not in ("kind", "reqId")})
+            if answer is None:  # no seed route reaches this verb: what a shard says is unknown
+                log.warning("a command no seed route reaches; not answered", extra={"verb": verb})
+                return None
             self.executed[verb] += 1
+            for frame in self.world.frames:  # world.save.before/after ride the stream
+                self._spawn(self.send(frame.pop("kind"), **frame))
+            self.world.frames.clear()
             # Only what was done is remembered; a refusal may succeed when asked again.
             if key is not None and not str(answer.get("kind", "")).endswith(".error"):
                 self._done[key] = answer
@@ -245,13 +258,11 @@ class ShardSimulator:
             self._writer.write(b"".join(lines))
 
     async def _lease_clock(self) -> None:
+        """The shard restores a lease's baseline at its deadline whether or not anyone asks
+        (S004:915-917); it says nothing on the stream, and lists the hold ``expired: true``."""
         while True:
             await asyncio.sleep(LEASE_CHECK_S)
-            for frame in self.world.expire_leases():
-                try:
-                    await self.send(frame.pop("kind"), **frame)
-                except ConnectionError:
-                    log.info("lease expired while disconnected", extra=frame)
+            self.world.expire_leases()
 
     async def run_forever(self, retry_s: float = 1.0) -> None:
         """Stay connected: dial again whenever the connection is lost (the CLI's loop)."""
@@ -260,6 +271,10 @@ class ShardSimulator:
                 await self.connect()
                 log.info("connected to the gateway", extra={"shard": self.shard})
                 await self.disconnected.wait()
+                if self.refused is not None:
+                    log.error("the gateway refused this shard's hello; not dialling again",
+                              extra={"shard": self.shard, "reason": self.refused})
+                    return
                 log.warning("connection lost; dialling again", extra={"shard": self.shard})
             except (OSError, TimeoutError) as exc:
                 log.warning("cannot reach the gateway", extra={"reason": repr(exc)})

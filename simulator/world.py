@@ -1,8 +1,12 @@
-"""The simulated shard's world and what each protocol-7 verb does to it. Pure state, no I/O:
-``ShardWorld.execute(verb, body)`` returns the shard's answer (without ``reqId``).
+"""The simulated shard's world and what each protocol-7 verb does to it, in the seed's words.
+Pure state, no I/O: ``ShardWorld.execute(verb, body)`` returns the shard's answer (without
+``reqId``), or None for a verb no seed route reaches (a real shard's answer to it is unknown,
+so the simulator says nothing and the caller sees the gateway's 504).
 
-Errors are answered as ``{"kind": "<verb>.error", "reason": "…"}`` (``bridge.error`` for an
-unknown verb), with the reason words the gateway's reply mapping reads (SPEC section 2)."""
+Every answer kind and reason sentence comes from :mod:`simulator.seed_wire`; the seed line
+of each is cited there. Where a verb refuses for a reason the seed gives no sentence for,
+the simulator does not refuse: it carries on as leniently as the sidecar's passthrough.
+"""
 
 from __future__ import annotations
 
@@ -12,28 +16,47 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SPAWNABLE = ("creature", "boss", "npc", "gate", "decor")
-"""What ``world.spawn`` can place."""
+"""What ``world.spawn`` places (S004:1245)."""
 
-DEFAULT_LEASES = {"spawn.rate": "1", "loot.multiplier": "1", "weather": "clear", "skill.gain": "1"}
-"""The lease catalog: keys a run may lease, with each key's value before any lease."""
+PLACES_AT_MOST = 30
+"""How many of one ``what`` one spawn may place (S004:1423: "1 to 30 of 'creature'")."""
 
-ITEMS = ({"id": "gold", "name": "Gold coins"}, {"id": "trophy", "name": "Event trophy"},
-         {"id": "dye", "name": "Rare dye tub"})
-"""The item catalog ``item.grant`` gives from."""
+LEASE_CATALOG = {"PlayerCaps.SkillCap": ("1200", False), "Spawner.MaxCount": ("10", True),
+                 "Loot.RareChance": ("1", False), "Weather.Season": ("summer", False)}
+"""Lease keys this shard offers: key → (baseline, targeted). ``PlayerCaps.SkillCap`` and the
+targeted ``Spawner.MaxCount`` are the seed's (S004:1142, 1373); ``Loot.MaxProps`` is the seed's
+example of a key NOT offered (S004:1473)."""
+
+GRANTS = ({"item": "gold", "min": 1, "max": 100_000}, {"item": "trophy", "min": 1, "max": 1},
+          {"item": "dye", "min": 1, "max": 5})
+"""The grant allowlist ``item.catalog`` answers with (S004:1292-1297)."""
 
 PROTECTED_ACCOUNTS = frozenset({"admin", "owner"})
-"""Accounts staff verbs may not touch."""
+"""Accounts staff verbs may not touch ("protected", S004:1599)."""
+
+EVENT_GATE = "the event plane is disabled on this shard (Bridge.EventsEnabled)"
+"""S004:1394."""
+
+VERBS = frozenset({"admin.ban", "admin.unban", "admin.broadcast", "lease.list", "lease.apply", "lease.release",
+                   "participation.open", "participation.snapshot", "participation.close", "world.spawn",
+                   "world.owned", "world.despawn", "item.catalog", "item.grant", "world.save", "account.create",
+                   "account.link", "account.unlink", "pages.list", "pages.respond"})
+"""Every verb the seed's routes reach (S004:911-951); anything else is not answered."""
 
 
 class Refusal(Exception):
-    """A verb's error answer; the reason is what the shard says."""
+    """A verb's error answer: ``kind`` and the seed's reason sentence."""
+
+    def __init__(self, kind: str, reason: str, **extra: Any) -> None:
+        super().__init__(reason)
+        self.answer = {"kind": kind, **extra, "reason": reason}
 
 
 @dataclass
 class WorldObject:
     """Something a run placed in the world."""
 
-    ref: str
+    serial: str
     what: str
     run_id: str
     present: bool = True
@@ -41,55 +64,63 @@ class WorldObject:
 
 @dataclass
 class Hold:
-    """A run's lease on a key: the value it set, the value before, and its deadline."""
+    """A lease the shard holds: the value set, the value before, its deadline, and whether
+    the deadline has fired (listed ``expired: true`` until teardown collects it)."""
 
-    run_id: str
+    run_id: str | None
     value: str
     baseline: str
     until_ms: int
+    expired: bool = False
 
 
 @dataclass
 class ParticipationLedger:
-    """Who took part in a run's event, and how much."""
+    """Who took part in a run's event."""
 
     open: bool = True
-    participants: dict[str, int] = field(default_factory=dict)
+    participants: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def _required(body: dict[str, Any], name: str) -> Any:
-    value = body.get(name)
-    if value is None or value == "":
-        raise Refusal(f"{name} is required")
-    return value
+def _error_kind(verb: str) -> tuple[str, dict[str, Any]]:
+    """The error kind of a verb's plane (S004:1393-1554), and ``action`` for the world verbs."""
+    if verb in ("item.catalog", "item.grant", "world.save"):
+        return "oneshot.error", {}
+    head, _, action = verb.partition(".")
+    if head == "world":
+        return "world.error", {"action": action}
+    return f"{head}.error", {}
 
 
 class ShardWorld:
-    """A shard's state as the event, staff and account planes see it."""
+    """A shard's state as the event, staff, account and help-page planes see it."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.time, spawn_ceiling: int = 500,
-                 save_interval_s: float = 30.0, event_plane_enabled: bool = True,
-                 leases: dict[str, str] | None = None, accounts_per_ip: int = 3) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.time, spawn_ceiling: int = PLACES_AT_MOST,
+                 save_interval_s: int = 300, event_plane_enabled: bool = True,
+                 leases: dict[str, tuple[str, bool]] | None = None) -> None:
         self.clock = clock
         self.spawn_ceiling, self.save_interval_s = spawn_ceiling, save_interval_s
         self.event_plane_enabled = event_plane_enabled
-        self.catalog = dict(leases or DEFAULT_LEASES)
+        self.catalog = dict(leases or LEASE_CATALOG)
         self.values: dict[tuple[str, str], str] = {}
         self.holds: dict[tuple[str, str], Hold] = {}
         self.objects: dict[str, WorldObject] = {}
+        self.pruned: dict[str, set[str]] = {}
         self.ledgers: dict[str, ParticipationLedger] = {}
-        self.accounts: dict[str, dict[str, Any]] = {name: {"ip": "", "banned": False} for name in
+        self.accounts: dict[str, dict[str, Any]] = {name: {"banned": False, "linked": None} for name in
                                                     ("alice", "bob", *PROTECTED_ACCOUNTS)}
-        self.accounts_per_ip = accounts_per_ip
         self.broadcasts: list[str] = []
+        self.pages: dict[str, dict[str, Any]] = {}
         self.last_save: float | None = None
+        self.frames: list[dict[str, Any]] = []
+        """Frames the world emits by itself (``world.save.before|after``), for the shard to send."""
         self._serial = 0x40000000
 
     # --- hooks a test uses to play the world's other actors ---------------------------
 
-    def kill(self, ref: str) -> None:
+    def kill(self, serial: str) -> None:
         """A player kills (or otherwise removes) a run's creature: it is gone from the world."""
-        self.objects[ref].present = False
+        self.objects[serial].present = False
 
     def set_value(self, key: str, value: str, target: str | None = None) -> None:
         """Staff change a leased (or any catalog) value by hand."""
@@ -97,215 +128,288 @@ class ShardWorld:
 
     def value(self, key: str, target: str | None = None) -> str:
         """The current value of ``key`` (for ``target``)."""
-        return self.values.get((key, target or ""), self.catalog.get(key, ""))
+        return self.values.get((key, target or ""), self.catalog.get(key, ("", False))[0])
 
-    def participate(self, run_id: str, player: str, points: int = 1) -> None:
-        """A player earns points in a run's event (counted only while its ledger is open)."""
+    def participate(self, run_id: str, serial: str, name: str, account: str | None = None) -> None:
+        """A character takes part in a run's event (counted only while its ledger is open)."""
         ledger = self.ledgers.get(run_id)
         if ledger and ledger.open:
-            ledger.participants[player] = ledger.participants.get(player, 0) + points
+            ledger.participants[serial] = {"serial": serial, "name": name, "account": account}
 
-    def expire_leases(self) -> list[dict[str, Any]]:
-        """Restore the baseline of every lease past its deadline; frames telling the site so.
+    def page(self, page_id: str, account: str, text: str) -> None:
+        """A player opens a help page."""
+        self.pages[page_id] = {"id": page_id, "account": account, "text": text, "open": True}
 
-        A value somebody changed by hand since is left as they set it."""
+    def expire_leases(self) -> list[tuple[str, str]]:
+        """Restore the baseline of every lease past its deadline (a value somebody changed
+        by hand since is left as they set it); the hold stays listed ``expired: true`` until
+        teardown collects it (S004:1137-1140). The ``(key, target)`` of each that fired."""
         now_ms = int(self.clock() * 1000)
-        frames = []
-        for (key, target), hold in list(self.holds.items()):
-            if hold.until_ms > now_ms:
+        fired = []
+        for (key, target), hold in self.holds.items():
+            if hold.expired or hold.until_ms > now_ms:
                 continue
-            del self.holds[(key, target)]
-            restored = self.value(key, target) == hold.value
-            if restored:
+            hold.expired = True
+            if self.value(key, target) == hold.value:
                 self.values[(key, target)] = hold.baseline
-            frames.append({"kind": "lease.expired", "key": key, "target": target or None,
-                           "runId": hold.run_id, "restored": restored, "value": self.value(key, target)})
-        return frames
+            fired.append((key, target))
+        return fired
 
     # --- the verbs ------------------------------------------------------------------------
 
-    def execute(self, verb: str, body: dict[str, Any]) -> dict[str, Any]:
-        """Carry out one command; the shard's answer."""
-        handler = getattr(self, "_" + verb.replace(".", "_"), None)
-        if handler is None:
-            return {"kind": "bridge.error", "reason": f"unknown verb {verb}"}
-        if verb.split(".")[0] in ("lease", "participation", "world", "item") and not self.event_plane_enabled:
-            return {"kind": f"{verb}.error", "reason": "the event plane is disabled on this shard"}
+    def execute(self, verb: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Carry out one command; the shard's answer (None for a verb no seed route reaches)."""
+        if verb not in VERBS:
+            return None
+        handler = getattr(self, "_" + verb.replace(".", "_"))
+        kind, extra = _error_kind(verb)
         try:
+            if kind in ("lease.error", "participation.error", "world.error", "oneshot.error") \
+                    and not self.event_plane_enabled:
+                raise Refusal(kind, EVENT_GATE, **extra)
             return handler(body)
         except Refusal as exc:
-            return {"kind": f"{verb}.error", "reason": str(exc)}
-        except (TypeError, ValueError, AttributeError) as exc:  # a field of the wrong type
-            return {"kind": f"{verb}.error", "reason": f"malformed {verb}: {exc}"}
+            return exc.answer
 
-    # leases
+    # leases (S004:1131-1196)
+
+    def _offered(self, key: Any) -> tuple[str, bool]:
+        if not isinstance(key, str) or key not in self.catalog:
+            raise Refusal("lease.error", f"no lease is offered for key '{key}'")
+        return self.catalog[key]
 
     def _lease_list(self, body: dict[str, Any]) -> dict[str, Any]:
         key, target = body.get("key"), body.get("target")
-        items = [{"key": k, "target": t or None, "value": self.value(k, t), "runId": h.run_id,
-                  "untilMs": h.until_ms}
-                 for (k, t), h in sorted(self.holds.items())
+        keys = [key] if key is not None else sorted(self.catalog)
+        leases = []
+        for name in keys:
+            _, targeted = self._offered(name)
+            if targeted and target is None:
+                # One capability over many targets has no single current (S004:1141-1144).
+                leases.append({"key": name, "targeted": True, "current": None,
+                               "held": any(k == name for k, _ in self.holds)})
+                continue
+            where = str(target or "") if targeted else ""
+            hold = self.holds.get((name, where))
+            row: dict[str, Any] = {"key": name, "current": self.value(name, where), "held": hold is not None}
+            if targeted:
+                row.update(targeted=True, target=where)
+            if hold is not None and hold.expired:
+                row["expired"] = True
+            leases.append(row)
+        holds = [self._hold_row(k, t, h) for (k, t), h in sorted(self.holds.items())
                  if (key is None or k == key) and (target is None or t == target)]
-        return {"kind": "lease.list", "items": items}
+        return {"kind": "lease.list.ok", "leases": leases, "holds": holds}
+
+    @staticmethod
+    def _hold_row(key: str, target: str, hold: Hold) -> dict[str, Any]:
+        row: dict[str, Any] = {"key": key, "value": hold.value, "untilMs": hold.until_ms, "expired": hold.expired}
+        if target:
+            row["target"] = target
+        if hold.run_id is not None:
+            row["runId"] = hold.run_id
+        return row
 
     def _lease_apply(self, body: dict[str, Any]) -> dict[str, Any]:
-        run_id, key = _required(body, "runId"), _required(body, "key")
-        value, hold_ms = body.get("value"), body.get("holdMs")
-        if not isinstance(value, str):
-            raise Refusal("value must be text")
-        if type(hold_ms) is not int or hold_ms <= 0:
-            raise Refusal("holdMs must be a positive integer")
-        if key not in self.catalog:
-            raise Refusal(f"no lease offered for key {key}")
-        target = str(body.get("target") or "")
+        key, hold_ms = body.get("key"), body.get("holdMs")
+        _, targeted = self._offered(key)
+        if isinstance(hold_ms, bool) or not isinstance(hold_ms, int) or hold_ms <= 0:
+            raise Refusal("lease.error", "a lease needs a positive holdMs")
+        target = str(body.get("target") or "") if targeted else ""
+        value = str(body.get("value"))  # values cross as text (S004:1180)
+        run_id = body.get("runId")
         held = self.holds.get((key, target))
-        if held and held.run_id != run_id:
-            raise Refusal(f"{key} is already leased by another run")
-        baseline = held.baseline if held else self.value(key, target)
+        baseline = held.baseline if held and not held.expired else self.value(key, target)
         until_ms = int(self.clock() * 1000) + hold_ms
-        self.holds[(key, target)] = Hold(run_id, value, baseline, until_ms)
+        self.holds[(key, target)] = Hold(None if run_id is None else str(run_id), value, baseline, until_ms)
         self.values[(key, target)] = value
-        return {"kind": "lease.applied", "runId": run_id, "key": key, "target": target or None,
-                "value": value, "baseline": baseline, "untilMs": until_ms}
+        answer = {"kind": "lease.ok", "key": key, "value": value, "baseline": baseline, "untilMs": until_ms}
+        if target:
+            answer["target"] = target
+        return answer
 
     def _lease_release(self, body: dict[str, Any]) -> dict[str, Any]:
-        run_id, key = _required(body, "runId"), _required(body, "key")
-        expected, baseline = _required(body, "expected"), _required(body, "baseline")
-        if key not in self.catalog:
-            raise Refusal(f"no lease offered for key {key}")
-        target = str(body.get("target") or "")
+        key = body.get("key")
+        _, targeted = self._offered(key)
+        target = str(body.get("target") or "") if targeted else ""
+        expected, baseline = str(body.get("expected")), str(body.get("baseline"))
         current = self.value(key, target)
-        held = self.holds.get((key, target))
-        if held and held.run_id != run_id:
-            raise Refusal(f"{key} is leased by another run")
+        # Teardown collects the verdict, whatever it is: the hold is done with.
+        self.holds.pop((key, target), None)
         if current not in (expected, baseline):
             # Compare-and-set: somebody changed it deliberately; never overwrite that.
-            return {"kind": "lease.drifted", "runId": run_id, "key": key, "target": target or None,
-                    "expected": expected, "current": current}
-        self.holds.pop((key, target), None)
+            return {"kind": "lease.drifted", "key": key, "current": current}
         self.values[(key, target)] = baseline
-        return {"kind": "lease.released", "runId": run_id, "key": key, "target": target or None,
-                "value": baseline}
+        answer = {"kind": "lease.ok", "key": key, "value": baseline}
+        if target:
+            answer["target"] = target
+        return answer
 
-    # world objects
-
-    def _world_spawn(self, body: dict[str, Any]) -> dict[str, Any]:
-        run_id, what = _required(body, "runId"), _required(body, "what")
-        if what not in SPAWNABLE:
-            raise Refusal(f"what must be one of {', '.join(SPAWNABLE)}")
-        count = body.get("count", 1)
-        if type(count) is not int or count < 1:
-            raise Refusal("count must be a positive integer")
-        present = sum(1 for o in self.objects.values() if o.present)
-        if present + count > self.spawn_ceiling:
-            raise Refusal(f"spawn of {count} would exceed the shard's ceiling of {self.spawn_ceiling}")
-        refs = []
-        for _ in range(count):
-            self._serial += 1
-            ref = f"0x{self._serial:08X}"
-            self.objects[ref] = WorldObject(ref, what, run_id)
-            refs.append(ref)
-        return {"kind": "world.spawned", "runId": run_id, "what": what, "refs": refs}
-
-    def _world_owned(self, body: dict[str, Any]) -> dict[str, Any]:
-        run_id = _required(body, "runId")
-        items = [{"ref": o.ref, "what": o.what} for o in self.objects.values()
-                 if o.run_id == run_id and o.present]
-        return {"kind": "world.owned", "runId": run_id, "items": items}
-
-    def _world_despawn(self, body: dict[str, Any]) -> dict[str, Any]:
-        run_id, ref = _required(body, "runId"), _required(body, "ref")
-        obj = self.objects.get(ref)
-        answer = {"kind": "world.despawn", "runId": run_id, "ref": ref}
-        if obj is None or obj.run_id != run_id:
-            return {**answer, "result": "refused", "reason": f"{ref} was never this run's"}
-        if not obj.present:
-            return {**answer, "result": "gone"}
-        obj.present = False
-        return {**answer, "result": "removed"}
-
-    def _world_save(self, body: dict[str, Any]) -> dict[str, Any]:
-        now = self.clock()
-        if self.last_save is not None and now - self.last_save < self.save_interval_s:
-            wait = self.save_interval_s - (now - self.last_save)
-            raise Refusal(f"save too soon after the last; try again in {wait:.0f} s")
-        self.last_save = now
-        return {"kind": "world.saved", "at": int(now * 1000)}
-
-    # participation and items
+    # participation (S004:1198-1243)
 
     def _ledger(self, body: dict[str, Any]) -> tuple[str, ParticipationLedger]:
-        run_id = _required(body, "runId")
+        run_id = str(body.get("runId"))
         ledger = self.ledgers.get(run_id)
         if ledger is None:
-            raise Refusal(f"not counting run {run_id}: no participation ledger")
+            raise Refusal("participation.error", f"this shard is not counting run '{run_id}'")
         return run_id, ledger
 
-    def _participants(self, ledger: ParticipationLedger) -> list[dict[str, Any]]:
-        return [{"name": n, "points": p} for n, p in sorted(ledger.participants.items())]
-
     def _participation_open(self, body: dict[str, Any]) -> dict[str, Any]:
-        run_id = _required(body, "runId")
+        run_id = str(body.get("runId"))
         self.ledgers.setdefault(run_id, ParticipationLedger()).open = True
-        return {"kind": "participation.opened", "runId": run_id}
+        return {"kind": "participation.ok", "runId": run_id, "open": True}
 
     def _participation_snapshot(self, body: dict[str, Any]) -> dict[str, Any]:
         run_id, ledger = self._ledger(body)
-        return {"kind": "participation.snapshot", "runId": run_id, "open": ledger.open,
-                "participants": self._participants(ledger)}
+        return {"kind": "participation.snapshot.ok", "runId": run_id, "open": ledger.open,
+                "participants": list(ledger.participants.values())}
 
     def _participation_close(self, body: dict[str, Any]) -> dict[str, Any]:
         run_id, ledger = self._ledger(body)
         ledger.open = False
-        return {"kind": "participation.closed", "runId": run_id, "participants": self._participants(ledger)}
+        return {"kind": "participation.ok", "runId": run_id, "open": False}
+
+    # world objects (S004:1245-1288)
+
+    def _world_spawn(self, body: dict[str, Any]) -> dict[str, Any]:
+        run_id, what, count = str(body.get("runId")), body.get("what"), body.get("count", 1)
+        limit = self.spawn_ceiling if what in SPAWNABLE else 0
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= limit:
+            shown = count if isinstance(count, int) and not isinstance(count, bool) else 0
+            raise Refusal("world.error", f"this shard places 1 to {limit} of '{what}' at a time, "
+                                         f"and {shown} was asked for", action="spawn")
+        serials = []
+        for _ in range(count):
+            self._serial += 1
+            serial = f"0x{self._serial:08X}"
+            self.objects[serial] = WorldObject(serial, what, run_id)
+            serials.append(serial)
+        return {"kind": "world.spawn.ok", "runId": run_id, "what": what, "serials": serials}
+
+    def _world_owned(self, body: dict[str, Any]) -> dict[str, Any]:
+        """What the run still owns; objects the world lost are pruned as it walks (S004:1260-1265)."""
+        run_id = str(body.get("runId"))
+        owned, pruned = [], 0
+        for serial, obj in list(self.objects.items()):
+            if obj.run_id != run_id:
+                continue
+            if obj.present:
+                owned.append({"serial": serial, "what": obj.what})
+            else:
+                del self.objects[serial]
+                self.pruned.setdefault(run_id, set()).add(serial)
+                pruned += 1
+        return {"kind": "world.owned.ok", "runId": run_id, "owned": owned, "pruned": pruned}
+
+    def _world_despawn(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``removed`` found and deleted; ``gone`` owned but already absent; ``refused`` never
+        this run's (S004:1273-1276). No ``serials``: everything the run owns."""
+        run_id = str(body.get("runId"))
+        serials = body.get("serials")
+        if serials is None:
+            serials = [s for s, o in self.objects.items() if o.run_id == run_id]
+        elif not isinstance(serials, list):
+            serials = []  # a malformed list names nothing; it never means "everything"
+        answer: dict[str, Any] = {"kind": "world.despawn.ok", "runId": run_id, "removed": [], "gone": [],
+                                  "refused": []}
+        for serial in serials:
+            obj = self.objects.get(serial) if isinstance(serial, str) else None
+            if obj is not None and obj.run_id == run_id:
+                answer["removed" if obj.present else "gone"].append(serial)
+                del self.objects[serial]
+                self.pruned.setdefault(run_id, set()).add(serial)
+            elif isinstance(serial, str) and serial in self.pruned.get(run_id, ()):
+                answer["gone"].append(serial)
+            else:
+                answer["refused"].append(serial)
+        return answer
+
+    # the one-shots (S004:1290-1333)
 
     def _item_catalog(self, body: dict[str, Any]) -> dict[str, Any]:
-        return {"kind": "item.catalog", "items": list(ITEMS)}
+        return {"kind": "item.catalog.ok", "items": [dict(g) for g in GRANTS]}
 
     def _item_grant(self, body: dict[str, Any]) -> dict[str, Any]:
-        item = _required(body, "item")
-        run_id = _required(body, "runId")
+        run_id, item = str(body.get("runId")), body.get("item")
+        if item not in {g["item"] for g in GRANTS}:
+            raise Refusal("oneshot.error", f"this shard does not grant '{item}'")
         ledger = self.ledgers.get(run_id)
         if ledger is None:
-            raise Refusal(f"no participation ledger for run {run_id}")
-        if item not in {i["id"] for i in ITEMS}:
-            raise Refusal(f"item {item} is not in the catalog")
-        return {"kind": "item.granted", "runId": run_id, "item": item, "granted": len(ledger.participants)}
+            raise Refusal("oneshot.error", f"run {run_id} has no participation ledger open on this shard")
+        return {"kind": "item.grant.ok", "runId": run_id, "item": item, "amount": body.get("amount"),
+                "granted": len(ledger.participants), "missed": []}
 
-    # staff and accounts
+    def _world_save(self, body: dict[str, Any]) -> dict[str, Any]:
+        now = self.clock()
+        if self.last_save is not None and now - self.last_save < self.save_interval_s:
+            raise Refusal("oneshot.error", f"this shard saves at most every {self.save_interval_s} seconds, "
+                                           f"and the last save was {int(now - self.last_save)} seconds ago")
+        self.last_save = now
+        # The reply says the save STARTED; what happened rides world.save.before/after (S004:1323-1326).
+        self.frames += [{"kind": "world.save.before"}, {"kind": "world.save.after"}]
+        return {"kind": "world.save.ok", "started": True}
 
-    def _account(self, body: dict[str, Any]) -> str:
-        name = _required(body, "account")
+    # staff (S004:1080-1097)
+
+    def _staff_target(self, body: dict[str, Any]) -> str:
+        name = body.get("account")
         if name not in self.accounts:
-            raise Refusal(f"unknown account {name}")
+            raise Refusal("admin.error", "unknown account")
         if name in PROTECTED_ACCOUNTS:
-            raise Refusal(f"account {name} is protected")
-        return name
+            raise Refusal("admin.error", "protected")
+        return str(name)
 
     def _admin_ban(self, body: dict[str, Any]) -> dict[str, Any]:
-        name = self._account(body)
+        name = self._staff_target(body)
         self.accounts[name]["banned"] = True
-        return {"kind": "admin.ban", "account": name, "banned": True, "by": body.get("actor")}
+        return {"kind": "admin.ok", "account": name}
 
     def _admin_unban(self, body: dict[str, Any]) -> dict[str, Any]:
-        name = self._account(body)
+        name = self._staff_target(body)
         self.accounts[name]["banned"] = False
-        return {"kind": "admin.unban", "account": name, "banned": False, "by": body.get("actor")}
+        return {"kind": "admin.ok", "account": name}
 
     def _admin_broadcast(self, body: dict[str, Any]) -> dict[str, Any]:
-        message = _required(body, "message")
-        self.broadcasts.append(str(message))
-        return {"kind": "admin.broadcast", "delivered": sum(1 for a in self.accounts.values() if not a["banned"])}
+        self.broadcasts.append(str(body.get("text", "")))
+        return {"kind": "admin.ok"}
+
+    # accounts and links (S004:1065-1079)
 
     def _account_create(self, body: dict[str, Any]) -> dict[str, Any]:
-        name, ip = _required(body, "name"), str(body.get("ip") or "")
+        name = str(body.get("account"))
         if name in self.accounts:
-            raise Refusal(f"name clash: {name} is already taken")
-        if ip and sum(1 for a in self.accounts.values() if a["ip"] == ip) >= self.accounts_per_ip:
-            raise Refusal(f"per-IP account cap of {self.accounts_per_ip} reached")
-        self.accounts[name] = {"ip": ip, "banned": False}
-        return {"kind": "account.created", "name": name}
+            raise Refusal("account.error", "already exists")
+        self.accounts[name] = {"banned": False, "linked": None}
+        return {"kind": "account.ok", "account": name}
 
-    def _help_pages(self, body: dict[str, Any]) -> dict[str, Any]:
-        return {"kind": "help.pages", "items": [{"id": "rules", "title": "Shard rules"},
-                                                {"id": "events", "title": "Scheduled events"}]}
+    def _linkable(self, body: dict[str, Any]) -> str:
+        name = body.get("account")
+        if name not in self.accounts:
+            raise Refusal("account.error", "unknown account")
+        if name in PROTECTED_ACCOUNTS:
+            raise Refusal("account.error", "protected")
+        return str(name)
+
+    def _account_link(self, body: dict[str, Any]) -> dict[str, Any]:
+        name = self._linkable(body)
+        self.accounts[name]["linked"] = body.get("userId")
+        return {"kind": "account.ok", "account": name, "userId": body.get("userId")}
+
+    def _account_unlink(self, body: dict[str, Any]) -> dict[str, Any]:
+        name = self._linkable(body)
+        if self.accounts[name]["linked"] is None:
+            raise Refusal("account.error", "not linked")
+        self.accounts[name]["linked"] = None
+        return {"kind": "account.ok", "account": name}
+
+    # the help-page queue (S004:949-951, 1337)
+
+    def _pages_list(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {"kind": "pages.list", "pages": [dict(p) for p in self.pages.values() if p["open"]]}
+
+    def _pages_respond(self, body: dict[str, Any]) -> dict[str, Any]:
+        page = self.pages.get(str(body.get("id")))
+        if page is not None:
+            page["open"] = False
+            page["response"] = body.get("text")
+        return {"kind": "pages.ok", "id": body.get("id")}

@@ -2,10 +2,13 @@
 the reassembly of chunked guild rosters, and the folding of a board's keys into items.
 Pure; the key-value I/O is in ``board_store.py``.
 
+The kinds and ids are the sidecar seed's (S004 = ``../shared/seeds/004_15575f6fbdbb98d9.txt``):
+a guild is named by its top-level integer ``id`` (S004:264, 290, 827), listings by ``serial``.
 A board is a JetStream key-value bucket. An item of shard ``s`` with id ``i`` is stored under
-``s.i.<part>``: most boards have one part (``item``); the guild board has two writers,
-``snapshot`` (``guild.update``) and ``roster`` (``guild.roster``), so neither overwrites the
-other, in either order. Reading folds the roster into the snapshot as ``roster``.
+``s.i.<part>``: most boards have one part (``item``, the frame as the shard sent it); the guild
+board has two writers, ``snapshot`` (``guild.update``, verbatim) and ``roster`` (``guild.roster``),
+so neither overwrites the other, in either order (S004:575-602). Reading folds the roster into
+the snapshot as ``roster``; a roster with no snapshot yet is a row of its own (S004:584-585).
 """
 
 from __future__ import annotations
@@ -15,16 +18,19 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_ROSTER_MEMBERS = 50_000
-"""A partial roster growing past this many members is discarded (bounded memory per shard)."""
+"""A partial roster growing past this many members is discarded (S004:317)."""
 
-_SAFE_ID = re.compile(r"^[A-Za-z0-9_=-]{1,64}$")
+_SAFE_ID = re.compile(r"[A-Za-z0-9_=-]{1,64}")
+
+MAX_GUILD_ID = 2**63 - 1
+"""A guild id is the seed's i64 (``as_i64``, S004:264)."""
 
 
 @dataclass(frozen=True)
 class BoardRule:
     """One kind's effect on a board: ``upsert`` stores ``value`` (a dotted path into the frame,
     or the whole frame) as ``part`` of the item whose id is at the first of ``id_paths``
-    present; ``delete`` removes every part of that item."""
+    present (an integer only, when ``integer_id``); ``delete`` removes every part of that item."""
 
     kind: str
     board: str
@@ -32,20 +38,21 @@ class BoardRule:
     action: str = "upsert"
     part: str = "item"
     value: str | None = None
+    integer_id: bool = False
 
 
 BOARD_RULES: tuple[BoardRule, ...] = (
-    BoardRule("guild.update", "guilds", ("guild.id", "guildId"), part="snapshot", value="guild"),
-    BoardRule("guild.roster", "guilds", ("guild", "guildId"), part="roster", value="members"),
-    BoardRule("guild.remove", "guilds", ("guild", "guild.id", "guildId"), action="delete"),
-    BoardRule("vendor.listing", "vendors", ("serial", "listing.serial")),
-    BoardRule("vendor.listing.remove", "vendors", ("serial", "listing.serial"), action="delete"),
-    BoardRule("house.update", "houses", ("house.serial", "serial"), value="house"),
-    BoardRule("house.remove", "houses", ("house.serial", "serial", "house"), action="delete"),
-    BoardRule("champion.update", "champions", ("champion.id", "id"), value="champion"),
-    BoardRule("champion.remove", "champions", ("champion.id", "id", "champion"), action="delete"),
+    BoardRule("guild.update", "guilds", ("id",), part="snapshot", integer_id=True),
+    BoardRule("guild.roster", "guilds", ("id",), part="roster", value="members", integer_id=True),
+    BoardRule("guild.remove", "guilds", ("id",), action="delete", integer_id=True),
+    BoardRule("vendor.listing", "market", ("serial",)),
+    BoardRule("vendor.listing.remove", "market", ("serial",), action="delete"),
+    BoardRule("house.decay", "houses", ("serial",)),
+    BoardRule("champ.update", "champions", ("serial", "id")),
 )
-"""Every board-writing kind. ``guild.leave`` is only forwarded: the next roster corrects the board."""
+"""Every board-writing kind the seed names. ``guild.leave`` is only forwarded: the next roster
+corrects the board (S004:253-258). The seed's ruleset, points and governor boards (S004:506-507,
+634) are written by kinds it does not quote, so no rule can be declared for them yet."""
 
 RULES_BY_KIND = {rule.kind: rule for rule in BOARD_RULES}
 """The rule for a frame kind."""
@@ -56,9 +63,6 @@ for _rule in BOARD_RULES:
     if _rule.action == "upsert" and _rule.part not in BOARDS.setdefault(_rule.board, ()):
         BOARDS[_rule.board] += (_rule.part,)
 BOARDS["news"] = ("item",)
-
-ENVELOPE = ("kind", "t", "seq", "more", "reqId")
-"""Frame fields that are not part of a whole-frame value."""
 
 
 def bucket_name(prefix: str, board: str) -> str:
@@ -82,15 +86,24 @@ def item_id(rule: BoardRule, frame: dict[str, Any]) -> str | None:
         value = dig(frame, path)
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             continue
+        if rule.integer_id:
+            return str(value) if isinstance(value, int) and -MAX_GUILD_ID - 1 <= value <= MAX_GUILD_ID else None
         text = str(value)
-        return text if _SAFE_ID.match(text) else None
+        return text if _SAFE_ID.fullmatch(text) else None
     return None
 
 
+def unusable(rule: BoardRule) -> str:
+    """Why a frame of ``rule``'s kind could not be written to its board."""
+    wanted = "an integer" if rule.integer_id else "1-64 letters, digits, _ = or -"
+    return f"board {rule.board} cannot use this {rule.kind}: its {' or '.join(rule.id_paths)} must be {wanted}"
+
+
 def stored_value(rule: BoardRule, frame: dict[str, Any]) -> Any:
-    """What an upsert stores: the declared part of the frame, or the frame without its envelope."""
+    """What an upsert stores: the frame as the shard sent it (the seed persists every frame
+    whole, S004:533-536), or the declared part (a roster's members)."""
     if rule.value is None:
-        return {k: v for k, v in frame.items() if k not in ENVELOPE}
+        return frame
     return dig(frame, rule.value)
 
 
@@ -103,7 +116,8 @@ def fold(board: str, entries: dict[str, Any]) -> list[dict[str, Any]]:
     """A board's items from its keys (``item.part`` → value), in board order: by name, then id.
 
     Guilds: the snapshot with the roster folded in as ``roster``; a guild with no roster
-    yet has no ``roster`` key (unknown is not empty); a roster without a snapshot waits."""
+    yet has no ``roster`` key (unknown is not empty, S004:606-609); a roster that came before
+    any snapshot is a row of its own, ``{"id", "roster"}`` (S004:584-585, 856-881)."""
     parts: dict[str, dict[str, Any]] = {}
     for key, value in entries.items():
         item, _, part = key.rpartition(".")
@@ -111,9 +125,8 @@ def fold(board: str, entries: dict[str, Any]) -> list[dict[str, Any]]:
     items = []
     for item, found in parts.items():
         if board == "guilds":
-            if not isinstance(found.get("snapshot"), dict):
-                continue
-            entry = dict(found["snapshot"])
+            snapshot = found.get("snapshot")
+            entry = dict(snapshot) if isinstance(snapshot, dict) else {}
             if "roster" in found:
                 entry["roster"] = found["roster"]
         else:
@@ -121,11 +134,11 @@ def fold(board: str, entries: dict[str, Any]) -> list[dict[str, Any]]:
             entry = dict(value) if isinstance(value, dict) else {"value": value}
         entry.setdefault("id", _number(item))
         items.append(entry)
-    return sorted(items, key=lambda e: (str(e.get("name", e.get("title", ""))), _sort_id(e.get("id"))))
+    return sorted(items, key=lambda e: (str(e.get("name") or e.get("title") or ""), _sort_id(e.get("id"))))
 
 
 def _number(text: str) -> int | str:
-    return int(text) if text.isdigit() else text
+    return int(text) if re.fullmatch(r"-?[0-9]{1,19}", text) else text
 
 
 def _sort_id(value: Any) -> tuple[int, Any]:
@@ -145,11 +158,16 @@ class RosterAssembler:
         self.partials: dict[str, tuple[int, list[Any]]] = {}
 
     def take(self, guild: str, frame: dict[str, Any]) -> list[Any] | None:
-        """Add one roster frame; the whole member list once complete, else None."""
-        seq, members, more = frame.get("seq", 0), frame.get("members"), frame.get("more") is True
-        if type(seq) is not int or not isinstance(members, list):
-            self.partials.pop(guild, None)
-            return None
+        """Add one roster frame; the whole member list once complete, else None.
+
+        Read as the seed reads it (S004:264-276): ``seq`` an integer or 0, ``more`` true or
+        false, ``members`` an array or empty (a missing or non-array one is a complete empty
+        roster, not a discarded frame)."""
+        seq = frame.get("seq")
+        seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else 0
+        more = frame.get("more") is True
+        members = frame.get("members")
+        members = members if isinstance(members, list) else []
         if seq == 0:
             collected: list[Any] = []
         elif guild in self.partials and self.partials[guild][0] == seq:
@@ -168,22 +186,26 @@ class RosterAssembler:
         return collected
 
 
-def board_ops(shard: str, kind: str, frame: dict[str, Any],
-              rosters: RosterAssembler) -> list[tuple[str, str, str, Any]]:
-    """The key-value writes a frame causes: ``("put"|"delete", board, key, value)``.
+Op = tuple[str, str, str, Any]
+"""A key-value write: ``("put"|"delete", board, key, value)``."""
 
-    A ``guild.roster`` frame writes only once its roster is whole."""
+
+def board_ops(shard: str, kind: str, frame: dict[str, Any],
+              rosters: RosterAssembler) -> tuple[list[Op], str | None]:
+    """The key-value writes a frame causes, and why a board kind's frame could not be used
+    (None when it could, or when the kind writes no board). A ``guild.roster`` frame writes
+    only once its roster is whole."""
     rule = RULES_BY_KIND.get(kind)
     if rule is None:
-        return []
+        return [], None
     item = item_id(rule, frame)
     if item is None:
-        return []
+        return [], unusable(rule)
     if rule.action == "delete":
-        return [("delete", rule.board, item_key(shard, item, part), None) for part in BOARDS[rule.board]]
+        return [("delete", rule.board, item_key(shard, item, part), None) for part in BOARDS[rule.board]], None
     if kind == "guild.roster":
         members = rosters.take(item, frame)
         if members is None:
-            return []
-        return [("put", rule.board, item_key(shard, item, rule.part), members)]
-    return [("put", rule.board, item_key(shard, item, rule.part), stored_value(rule, frame))]
+            return [], None
+        return [("put", rule.board, item_key(shard, item, rule.part), members)], None
+    return [("put", rule.board, item_key(shard, item, rule.part), stored_value(rule, frame))], None

@@ -190,6 +190,7 @@ class Gateway:
             await self._read_frames(link, reader)
         except HelloRefused as exc:
             log.warning("hello refused", extra={"peer": peer, "reason": str(exc)})
+            await _tell_refused(writer, str(exc))
         except (LineTooLong, TimeoutError, ConnectionError) as exc:
             log.warning("connection closed", extra={"peer": peer, "reason": str(exc) or type(exc).__name__,
                                                     "shard": link.shard if link else None})
@@ -307,7 +308,14 @@ class Gateway:
         link.frames += 1
         await self.publisher(shard).put(Outgoing(subjects.frame(shard, item.kind), line, msg_id,
                                                  ack_seq=ack_seq))
-        await self.boards.write(shard, board_ops(shard, item.kind, item.body, link.rosters))
+        ops, problem = board_ops(shard, item.kind, item.body, link.rosters)
+        if problem is not None:
+            # Forwarded as a frame all the same; the board could not use it, and says why.
+            link.dead_letters += 1
+            log.warning("dead letter", extra={"shard": shard, "reason": problem, "line_no": link.line_no})
+            await self.publisher(shard).put(Outgoing(subjects.deadletter(shard), line, f"{msg_id}.board",
+                                                     {REASON_HEADER: problem}))
+        await self.boards.write(shard, ops)
 
     # --- commands ---------------------------------------------------------------------
 
@@ -377,6 +385,19 @@ class Gateway:
         await self.boards.stop()
         for task in list(self._tasks):
             task.cancel()
+
+
+HELLO_REFUSED = "gateway.hello.refused"
+"""The one line a refused shard gets before the gateway closes: why (never the token)."""
+
+
+async def _tell_refused(writer: asyncio.StreamWriter, reason: str) -> None:
+    """Say why the hello was refused, on one line, before closing (best effort)."""
+    try:
+        writer.write(json.dumps({"kind": HELLO_REFUSED, "reason": reason}).encode() + b"\n")
+        await asyncio.wait_for(writer.drain(), 1.0)
+    except (ConnectionError, TimeoutError):
+        pass
 
 
 def _expire(future: asyncio.Future) -> None:

@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 EVENT_PLANE = frozenset({"lease", "participation", "world", "item"})
-"""Verb prefixes of the event plane (acted on by a run, named by ``runId``)."""
+"""Verb prefixes of the event plane (acted on by a run, named by ``runId``): every verb the
+seed's ``event_call`` carries, ``world.save`` and the ``item`` one-shots included (S004:1112)."""
 
-ACCOUNT_PLANE = frozenset({"account"})
-"""Verb prefixes of the account plane."""
+ACCOUNT_PLANE = frozenset({"account", "link"})
+"""Verb prefixes of the account plane: accounts and their links to website users (S004:1065)."""
 
 ADMIN_PLANE = frozenset({"admin"})
 """Verb prefixes of the staff (admin) plane; these verbs need an ``actor``."""
@@ -42,17 +43,21 @@ def _has(reason: str, *words: str) -> bool:
 
 
 def _event_error(reason: str) -> int:
+    """``respond_event`` (S004:1016-1063): the gate off is 403; an unknown lease key, a run not
+    counted or with no ledger is 404; the save rate limit is 429; any other refusal 400."""
     if _has(reason, "disabled"):
         return 403
-    if _has(reason, "no lease offered", "not counting", "no participation ledger", "no ledger"):
+    if _has(reason, "no lease is offered", "not counting", "no participation ledger"):
         return 404
-    if _has(reason, "too soon"):
+    if _has(reason, "saves at most every"):
         return 429
     return 400
 
 
 def _account_error(reason: str) -> int:
-    if _has(reason, "name clash", "already taken", "name is taken"):
+    """``respond_account`` (S004:1065-1067): a name clash ("already exists", S004:1604) 409; the
+    per-IP cap 429; disabled, protected or refused 403; an unknown target or "not linked" 404."""
+    if _has(reason, "already exists", "name clash", "already taken"):
         return 409
     if _has(reason, "per-ip", "per ip"):
         return 429
@@ -64,6 +69,7 @@ def _account_error(reason: str) -> int:
 
 
 def _admin_error(reason: str) -> int:
+    """``respond_admin`` (S004:986-999; "protected" is 403, S004:1599)."""
     if _has(reason, "protected", "disabled"):
         return 403
     if _has(reason, "unknown"):
@@ -72,6 +78,7 @@ def _admin_error(reason: str) -> int:
 
 
 def _generic_error(reason: str) -> int:
+    """``respond`` (S004:975-986; "unknown account" is 404, S004:1593)."""
     return 404 if _has(reason, "unknown") else 400
 
 
@@ -83,9 +90,11 @@ def status_for(verb: str, answer: dict[str, Any]) -> int:
     if kind == DRIFTED or not kind.endswith(".error"):
         return 200
     reason = str(answer.get("reason") or answer.get("error") or "").lower()
-    if kind == "bridge.error":
-        return _generic_error(reason)
     where = plane(verb)
+    # The event plane reads every ``*.error`` by its reason, ``bridge.error`` included
+    # (S004:1022); the other planes read ``bridge.error`` as the generic responder does.
+    if kind == "bridge.error" and where != "event":
+        return _generic_error(reason)
     if where == "event":
         return _event_error(reason)
     if where == "account":

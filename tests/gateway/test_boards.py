@@ -1,5 +1,6 @@
 """Boards in JetStream key-value buckets: the guild board with two writers, removal, board
-reads in board order, vendor listings and houses, and news replayed after each hello."""
+reads in board order, the market, houses and champions, and news replayed after each hello —
+every frame in the sidecar seed's shape (S004 = ../shared/seeds/004_15575f6fbdbb98d9.txt)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 import json
 
 from shared import subjects
-from tests.gateway.conftest import wait_until
+from tests.gateway.conftest import collect, wait_until
 
 
 async def read_board(nc, shard: str, board: str) -> dict:
@@ -22,36 +23,68 @@ async def settled(gateway, shard: str) -> None:
     await asyncio.sleep(0.05)
 
 
+def shown(items: list[dict]) -> list[dict]:
+    """Board items without the shard's clock (``t``), which every frame carries."""
+    return [{k: v for k, v in item.items() if k != "t"} for item in items]
+
+
 async def test_guild_update_and_roster_never_overwrite_each_other_in_either_order(gateway, shard_sims, nc, unique):
+    # S004:817-881: a roster must not clobber the snapshot, and either may come first.
     sim = await shard_sims(gateway, f"s{unique}")
-    await sim.send("guild.update", guild={"id": 1, "name": "Alpha", "abbr": "A"})
-    await sim.send("guild.roster", guild=1, seq=0, more=False, members=[{"id": 10, "name": "ann"}])
-    await sim.send("guild.roster", guild=2, seq=0, more=False, members=[{"id": 20, "name": "bo"}])
-    await sim.send("guild.update", guild={"id": 2, "name": "Beta"})
-    await sim.send("guild.update", guild={"id": 1, "name": "Alpha", "abbr": "AA"})  # roster stays
+    await sim.send("guild.update", id=7, name="The Cartographers", abbr="MAP", members=2, online=1)
+    await sim.send("guild.roster", id=7, members=[{"serial": "0x1", "name": "Ada"}, {"serial": "0x2", "name": "Bo"}])
+    await sim.send("guild.roster", id=9, members=[{"serial": "0x3", "name": "Cy"}])
+    await sim.send("guild.update", id=9, name="Late Arrivals", abbr="LTE")
+    await sim.send("guild.update", id=7, name="The Cartographers", abbr="MAP", members=2, online=2)  # roster stays
     await settled(gateway, sim.shard)
     reply = await read_board(nc, sim.shard, "guilds")
     assert reply["status"] == 200
-    assert reply["items"] == [
-        {"id": 1, "name": "Alpha", "abbr": "AA", "roster": [{"id": 10, "name": "ann"}]},
-        {"id": 2, "name": "Beta", "roster": [{"id": 20, "name": "bo"}]},
+    assert shown(reply["items"]) == [
+        {"kind": "guild.update", "id": 9, "name": "Late Arrivals", "abbr": "LTE",
+         "roster": [{"serial": "0x3", "name": "Cy"}]},
+        {"kind": "guild.update", "id": 7, "name": "The Cartographers", "abbr": "MAP", "members": 2, "online": 2,
+         "roster": [{"serial": "0x1", "name": "Ada"}, {"serial": "0x2", "name": "Bo"}]},
     ]
 
 
-async def test_a_guild_with_no_roster_yet_has_no_roster_key(gateway, shard_sims, nc, unique):
+async def test_a_roster_before_any_update_is_a_row_of_its_own(gateway, shard_sims, nc, unique):
+    # S004:584-585: "a roster can arrive before the first guild.update for a guild, and the row
+    # it creates then carries '{}' until that update fills it in".
     sim = await shard_sims(gateway, f"s{unique}")
-    await sim.send("guild.update", guild={"id": 3, "name": "Gamma"})
-    await sim.send("guild.update", guild={"id": 4, "name": "Delta"})
-    await sim.send("guild.roster", guild=4, seq=0, more=False, members=[])
+    await sim.send("guild.roster", id=9, seq=0, more=False, members=[{"serial": "0x3", "name": "Cy"}])
+    await settled(gateway, sim.shard)
+    assert (await read_board(nc, sim.shard, "guilds"))["items"] == [
+        {"id": 9, "roster": [{"serial": "0x3", "name": "Cy"}]}]
+
+
+async def test_a_guild_with_no_roster_yet_has_no_roster_key(gateway, shard_sims, nc, unique):
+    # S004:883-905: unknown is not empty.
+    sim = await shard_sims(gateway, f"s{unique}")
+    await sim.send("guild.update", id=11, name="Unswept")
+    await sim.send("guild.update", id=4, name="Delta")
+    await sim.send("guild.roster", id=4, seq=0, more=False, members=[])
+    await settled(gateway, sim.shard)
+    items = shown((await read_board(nc, sim.shard, "guilds"))["items"])
+    assert items == [{"kind": "guild.update", "id": 4, "name": "Delta", "roster": []},
+                     {"kind": "guild.update", "id": 11, "name": "Unswept"}]
+
+
+async def test_a_roster_without_members_is_a_complete_empty_roster(gateway, shard_sims, nc, unique):
+    # S004:271-276: members that are missing or not an array are `unwrap_or_default`: empty.
+    sim = await shard_sims(gateway, f"s{unique}")
+    await sim.send_guild(1, "Was Full", [{"serial": "0x1", "name": "Ada"}])
+    await sim.send_guild(2, "Also Full", [{"serial": "0x2", "name": "Bo"}])
+    await sim.send("guild.roster", id=1)
+    await sim.send("guild.roster", id=2, members="nobody")
     await settled(gateway, sim.shard)
     items = (await read_board(nc, sim.shard, "guilds"))["items"]
-    assert items == [{"id": 4, "name": "Delta", "roster": []}, {"id": 3, "name": "Gamma"}]
+    assert [(i["id"], i["roster"]) for i in items] == [(2, []), (1, [])]
 
 
 async def test_the_guild_board_is_ordered_by_name_then_id(gateway, shard_sims, nc, unique):
     sim = await shard_sims(gateway, f"s{unique}")
     for gid, name in [(9, "Same"), (2, "Zed"), (5, "Same"), (7, "Able")]:
-        await sim.send("guild.update", guild={"id": gid, "name": name})
+        await sim.send("guild.update", id=gid, name=name)
     await settled(gateway, sim.shard)
     items = (await read_board(nc, sim.shard, "guilds"))["items"]
     assert [(i["name"], i["id"]) for i in items] == [("Able", 7), ("Same", 5), ("Same", 9), ("Zed", 2)]
@@ -59,18 +92,37 @@ async def test_the_guild_board_is_ordered_by_name_then_id(gateway, shard_sims, n
 
 async def test_guild_remove_deletes_the_guild_and_guild_leave_only_forwards(gateway, shard_sims, nc, unique):
     sim = await shard_sims(gateway, f"s{unique}")
-    await sim.send_guild(1, "Keep", [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}])
-    await sim.send_guild(2, "Gone", [{"id": 3, "name": "c"}])
-    await sim.send("guild.leave", guild=1, member=2)
-    await sim.send("guild.remove", guild=2)
+    await sim.send_guild(1, "Keep", [{"serial": "0x1", "name": "a"}, {"serial": "0x2", "name": "b"}])
+    await sim.send_guild(2, "Gone", [{"serial": "0x3", "name": "c"}])
+    await sim.send("guild.leave", id=1, serial="0x2")
+    await sim.send("guild.remove", id=2)
     await settled(gateway, sim.shard)
-    items = (await read_board(nc, sim.shard, "guilds"))["items"]
-    assert items == [{"id": 1, "name": "Keep", "roster": [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}]}]
+    items = shown((await read_board(nc, sim.shard, "guilds"))["items"])
+    assert items == [{"kind": "guild.update", "id": 1, "name": "Keep",
+                      "roster": [{"serial": "0x1", "name": "a"}, {"serial": "0x2", "name": "b"}]}]
+
+
+async def test_a_guild_frame_without_an_integer_id_is_dead_lettered_with_the_reason(gateway, shard_sims, nc,
+                                                                                    unique):
+    # The old dialect (a nested `guild` object) names no top-level id: the board cannot use it,
+    # and says so, rather than dropping it silently. The frame itself is still forwarded.
+    sim = await shard_sims(gateway, f"s{unique}")
+    letters = await collect(nc, subjects.deadletter(sim.shard), 2, start=lambda: _send_unusable(sim))
+    reasons = [m.headers["Shardbus-Reason"] for m in letters]
+    assert reasons == ["board guilds cannot use this guild.update: its id must be an integer",
+                       "board guilds cannot use this guild.roster: its id must be an integer"]
+    await settled(gateway, sim.shard)
+    assert (await read_board(nc, sim.shard, "guilds"))["items"] == []
+
+
+async def _send_unusable(sim) -> None:
+    await sim.send("guild.update", guild={"id": 1, "name": "Nested"})
+    await sim.send("guild.roster", id="7", members=[])
 
 
 async def test_a_chunked_roster_is_written_whole(gateway, shard_sims, nc, unique):
     sim = await shard_sims(gateway, f"s{unique}")
-    members = [{"id": i, "name": f"m{i:04d}"} for i in range(1234)]
+    members = [{"serial": f"0x{i:x}", "name": f"m{i:04d}"} for i in range(1234)]
     await sim.send_guild(5, "Big", members, chunk=100)
     await settled(gateway, sim.shard)
     items = (await read_board(nc, sim.shard, "guilds"))["items"]
@@ -80,33 +132,44 @@ async def test_a_chunked_roster_is_written_whole(gateway, shard_sims, nc, unique
 async def test_boards_of_two_shards_are_separate(gateway, shard_sims, nc, unique):
     a = await shard_sims(gateway, f"a{unique}")
     b = await shard_sims(gateway, f"b{unique}")
-    await a.send("guild.update", guild={"id": 1, "name": "OnA"})
-    await b.send("guild.update", guild={"id": 1, "name": "OnB"})
+    await a.send("guild.update", id=1, name="OnA")
+    await b.send("guild.update", id=1, name="OnB")
     await settled(gateway, a.shard)
     await settled(gateway, b.shard)
     assert [i["name"] for i in (await read_board(nc, a.shard, "guilds"))["items"]] == ["OnA"]
     assert [i["name"] for i in (await read_board(nc, b.shard, "guilds"))["items"]] == ["OnB"]
 
 
-async def test_vendor_listings_are_keyed_by_serial_and_removed(gateway, shard_sims, nc, unique):
+async def test_the_market_board_keys_vendor_listings_by_serial_and_removes_them(gateway, shard_sims, nc, unique):
+    # S004:506-507, 525-528: vendor.listing (with ownerAcct and fees) and vendor.listing.remove; GET /market.
     sim = await shard_sims(gateway, f"s{unique}")
-    await sim.send("vendor.listing", serial=100, name="Katana", price=50)
-    await sim.send("vendor.listing", serial=101, name="Bow", price=20)
-    await sim.send("vendor.listing", serial=100, name="Katana", price=45)
-    await sim.send("vendor.listing.remove", serial=101)
+    fees = {"charge": 30, "funds": 900, "payIntervalSec": 86400, "dismissalAt": 1733600000000}
+    await sim.send("vendor.listing", serial="0x100", name="Katana", price=50, ownerAcct="ann", fees=fees)
+    await sim.send("vendor.listing", serial="0x101", name="Bow", price=20, ownerAcct="bo", fees=fees)
+    await sim.send("vendor.listing", serial="0x100", name="Katana", price=45, ownerAcct="ann", fees=fees)
+    await sim.send("vendor.listing.remove", serial="0x101")
     await settled(gateway, sim.shard)
-    items = (await read_board(nc, sim.shard, "vendors"))["items"]
-    assert items == [{"serial": 100, "name": "Katana", "price": 45, "id": 100}]
+    items = shown((await read_board(nc, sim.shard, "market"))["items"])
+    assert items == [{"kind": "vendor.listing", "serial": "0x100", "name": "Katana", "price": 45,
+                      "ownerAcct": "ann", "fees": fees, "id": "0x100"}]
 
 
-async def test_houses_are_upserted_and_removed(gateway, shard_sims, nc, unique):
+async def test_houses_and_champions_keep_the_latest_frame_of_each(gateway, shard_sims, nc, unique):
+    # S004:523-525 (house.decay and its schedule), S004:549-551 (champ.update with bossUp).
     sim = await shard_sims(gateway, f"s{unique}")
-    await sim.send("house.update", house={"serial": 7, "name": "Keep", "owner": "ann"})
-    await sim.send("house.update", house={"serial": 8, "name": "Hut", "owner": "bo"})
-    await sim.send("house.remove", serial=8)
+    await sim.send("house.decay", serial="0x7", ownerName="ann", nextStage="GreatlyWorn", decayPeriodSec=86400,
+                   dynamicDecay=False)
+    await sim.send("house.decay", serial="0x7", ownerName="ann", nextStage="InDangerOfCollapsing",
+                   decayPeriodSec=86400, dynamicDecay=True, estimatedCollapse=1733600000000)
+    await sim.send("champ.update", serial="0x55", name="Despise", bossUp=True)
+    await sim.send("champ.boss.killed", serial="0x55", damage=[{"name": "Ada", "dealt": 9000}])
+    await sim.send("champ.update", serial="0x55", name="Despise", bossUp=False)
     await settled(gateway, sim.shard)
-    assert (await read_board(nc, sim.shard, "houses"))["items"] == [
-        {"serial": 7, "name": "Keep", "owner": "ann", "id": 7}]
+    houses = shown((await read_board(nc, sim.shard, "houses"))["items"])
+    assert [(h["serial"], h["nextStage"], h.get("estimatedCollapse")) for h in houses] == [
+        ("0x7", "InDangerOfCollapsing", 1733600000000)]
+    champions = shown((await read_board(nc, sim.shard, "champions"))["items"])
+    assert champions == [{"kind": "champ.update", "serial": "0x55", "name": "Despise", "bossUp": False, "id": "0x55"}]
 
 
 async def test_an_unknown_board_is_404(gateway, nc, unique):
@@ -121,10 +184,13 @@ async def test_news_is_stored_announced_and_replayed_after_each_hello_without_an
                                          json.dumps({"id": "n1", "title": "Festival"}).encode(), timeout=5)).data)
     assert reply["status"] == 200
     await wait_until(lambda: len(sim.news) == 1)
+    # S004:292-294: the shard understands news.add, idempotent by id.
+    assert sim.news[0]["kind"] == "news.add"
     assert sim.news[0]["announce"] is True and sim.news[0]["title"] == "Festival"
     await sim.drop()
     await sim.connect()
     await wait_until(lambda: len(sim.news) == 2)
+    assert sim.news[1]["kind"] == "news.add"
     assert sim.news[1]["announce"] is False and sim.news[1]["id"] == "n1"
 
 

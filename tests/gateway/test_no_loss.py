@@ -39,7 +39,7 @@ async def test_killing_nats_mid_stream_loses_and_duplicates_no_frame(own_nats, s
     url = servers[0].url
     running = await start_gateway(nats_servers=url, publish_ack_timeout_s=1.0, buffer_frames=2000,
                                   silence_timeout_s=60)
-    sim = await shard_sims(running, f"s{unique}")
+    sim = await shard_sims(running, f"s{unique}", sequenced=True)
     first = sim.next_seq
 
     async def send_all() -> None:

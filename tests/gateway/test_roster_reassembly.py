@@ -70,8 +70,15 @@ def test_a_new_hello_clears_every_partial():
     assert after_hello.take("7", chunk(1, ["b"], False)) is None
 
 
-def test_a_chunk_whose_members_are_not_a_list_discards_the_partial():
+def test_a_chunk_whose_members_are_not_a_list_adds_no_members_and_still_completes():
+    # S004:271-276: `members` … `.and_then(|m| m.as_array()).cloned().unwrap_or_default()`.
     r = RosterAssembler()
     r.take("7", chunk(0, ["a"], True))
-    assert r.take("7", {"seq": 1, "more": False, "members": "oops"}) is None
+    assert r.take("7", {"seq": 1, "more": False, "members": "oops"}) == ["a"]
     assert r.partials == {}
+
+
+def test_a_roster_with_no_seq_or_more_is_a_whole_one_frame_roster():
+    # S004:265-270: seq `unwrap_or(0)`, more `unwrap_or(false)`.
+    assert RosterAssembler().take("7", {"members": ["a"]}) == ["a"]
+    assert RosterAssembler().take("7", {"seq": "1", "more": "yes", "members": ["b"]}) == ["b"]

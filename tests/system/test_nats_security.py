@@ -424,7 +424,7 @@ async def test_every_service_does_its_job_under_its_own_user(secure_nats, connec
         sim = ShardSimulator("127.0.0.1", port, "uoa", own_tokens["uoa"])
         sims.append(sim)
         await sim.connect()
-        await sim.send("guild.update", guild={"id": 7, "name": "Knights"})
+        await sim.send("guild.update", id=7, name="Knights")
         await frames.wait_for(2)
         assert [m.subject for m in frames.got[:2]] == ["shard.uoa.frame.server.hello", "shard.uoa.frame.guild.update"]
         board = await until(lambda: _board(website))
@@ -444,7 +444,7 @@ async def test_every_service_does_its_job_under_its_own_user(secure_nats, connec
         spawned = await website.ask(subjects.command("uoa", "world.spawn"),
                                     {"runId": run["runId"], "what": "creature", "idempotencyKey": "spawn-1"})
         assert spawned["status"] == 200, spawned
-        ref = spawned["body"]["refs"][0]
+        ref = spawned["body"]["serials"][0]
         for module_id, kind, target in (("events", "creature", ref), ("events", "zone", "z-own"),
                                         ("other", "zone", "z-other")):
             recorded = await website.ask(subjects.LEDGER_RESOURCE_RECORD, {

@@ -96,7 +96,7 @@ async def test_status_counts_replicas_and_shows_shards_streams_and_incomplete_ru
             services.start("gateway", shard_token=TOKEN, shard_port=str(port))
             sims.append(ShardSimulator("127.0.0.1", port, shard, TOKEN))
             await sims[-1].connect()
-        await sims[0].send("guild.update", guild={"id": 1, "name": "A"})
+        await sims[0].send("guild.update", id=1, name="A")
         run_id = await make_incomplete_run(nc, "uos")
         async with asyncio.timeout(10):  # each shard is held once its gateway says so
             while {"uos", "uot"} - await held_shards(nc):

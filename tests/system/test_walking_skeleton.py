@@ -55,7 +55,10 @@ async def test_a_wrong_token_closes_the_connection_and_is_not_logged(services, n
     hello = {"t": 1, "kind": "server.hello", "shard": "uo1", "protocol": 7, "token": wrong}
     writer.write(json.dumps(hello).encode() + b"\n")
     await writer.drain()
-    assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the gateway
+    # One line saying why, then the gateway closes.
+    said = await asyncio.wait_for(reader.read(), 5)
+    assert json.loads(said) == {"kind": "gateway.hello.refused", "reason": "server.hello: wrong or missing token"}
+    assert said.endswith(b"\n") and said.count(b"\n") == 1
     await asyncio.sleep(0.2)
     log = gateway.log()
     assert "hello refused" in log

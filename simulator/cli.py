@@ -1,10 +1,12 @@
-"""The gateway's CLI commands: ``shardbus shard-sim`` runs the shard simulator against a gateway."""
+"""``shardbus shard-sim``: the shard simulator against a gateway. It lives with the simulator, not
+in the gateway: a service never imports the simulator (a test and bench tool)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import os
+import sys
 
 
 def _cmd_shard_sim(args: argparse.Namespace) -> int:
@@ -15,6 +17,10 @@ def _cmd_shard_sim(args: argparse.Namespace) -> int:
     token = os.environ.get("SHARDBUS_SHARD_TOKEN", "")
     logs.register_secret(token)
     logs.configure("shard-sim", "INFO")
+    if not token:
+        print("shardbus shard-sim: SHARDBUS_SHARD_TOKEN is not set; the gateway refuses a hello "
+              "without the shard token (make up prints it as SHARD_TOKEN=)", file=sys.stderr)
+        return 2
     host, _, port = args.addr.rpartition(":")
     world = ShardWorld(save_interval_s=args.save_interval, spawn_ceiling=args.spawn_ceiling,
                        event_plane_enabled=not args.event_plane_disabled)
@@ -22,8 +28,10 @@ def _cmd_shard_sim(args: argparse.Namespace) -> int:
     try:
         asyncio.run(sim.run_forever())
     except KeyboardInterrupt:
-        pass
-    return 0
+        return 0
+    # run_forever returns only when the gateway refused the hello, and said why.
+    print(f"shardbus shard-sim: the gateway refused the hello: {sim.refused}", file=sys.stderr)
+    return 1
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                   "the token is read from SHARDBUS_SHARD_TOKEN")
     sim.add_argument("--addr", default="127.0.0.1:2595", help="the gateway's shard address host:port")
     sim.add_argument("--shard", default="uo1", help="the shard id to say hello as")
-    sim.add_argument("--save-interval", type=float, default=30.0, help="seconds between allowed world saves")
-    sim.add_argument("--spawn-ceiling", type=int, default=500, help="most world objects present at once")
+    sim.add_argument("--save-interval", type=int, default=300, help="seconds between allowed world saves")
+    sim.add_argument("--spawn-ceiling", type=int, default=30, help="most objects of one kind one world.spawn may place")
     sim.add_argument("--event-plane-disabled", action="store_true", help="refuse every event-plane verb")
     sim.set_defaults(func=_cmd_shard_sim)
