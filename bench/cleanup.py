@@ -8,7 +8,7 @@ a sweep's time runs from the first replica's start of sweeping to the last one's
 taken from the ``cleanup.events.swept`` events). The 10k sweep and the raw baseline run
 before and after the 100k sweep and are averaged (the machine is shared and its load
 drifts). The raw baseline, measured in the same run,
-sends the same ``world.despawn`` commands (idempotency keys included) straight to the
+sends the same ``world.despawn {runId, serials: [serial]}`` commands (idempotency keys included) straight to the
 gateway and simulator with the same concurrency as a replica's give-backs, and no ledger.
 
 Figures: resources given back per second at 10k and 100k, the time ratio 100k / 10k (linear
@@ -150,7 +150,7 @@ async def scenario(nc, procs, admin_url: str, total: int, replicas: int, ledgers
     ledger_procs = [procs.start("ledger", database_url=database) for _ in range(ledgers)]
     gateway = procs.start("gateway", shard_token=TOKEN, shard_port="0")
     host, port = gateway_addr(gateway)
-    sim = ShardSimulator(host, port, f"bench{uuid.uuid4().hex[:6]}", TOKEN, world=ShardWorld(spawn_ceiling=10**7))
+    sim = ShardSimulator(host, port, f"bench{uuid.uuid4().hex[:6]}", TOKEN, world=ShardWorld())
     await sim.connect()
     try:
         await asyncio.sleep(0.5)
@@ -179,7 +179,7 @@ async def raw_rate(nc, procs, total: int) -> float:
     simulator, CONCURRENCY in flight, no ledger."""
     gateway = procs.start("gateway", shard_token=TOKEN, shard_port="0")
     host, port = gateway_addr(gateway)
-    sim = ShardSimulator(host, port, f"raw{uuid.uuid4().hex[:6]}", TOKEN, world=ShardWorld(spawn_ceiling=10**7))
+    sim = ShardSimulator(host, port, f"raw{uuid.uuid4().hex[:6]}", TOKEN, world=ShardWorld())
     await sim.connect()
     try:
         await asyncio.sleep(0.5)
@@ -191,8 +191,8 @@ async def raw_rate(nc, procs, total: int) -> float:
         subject = subjects.command(sim.shard, "world.despawn")
 
         async def despawn(run: str, ref: str) -> None:
-            reply = await ask(nc, subject, {"runId": run, "ref": ref, "idempotencyKey": f"cleanup:{run}:{ref}"})
-            if reply["body"].get("result") != "removed":
+            reply = await ask(nc, subject, {"runId": run, "serials": [ref], "idempotencyKey": f"cleanup:{run}:{ref}"})
+            if reply["body"].get("kind") != "world.despawn.ok" or reply["body"].get("removed") != [ref]:
                 raise RuntimeError(f"raw despawn answered {reply}")
 
         started = time.perf_counter()

@@ -8,11 +8,12 @@ packages, the migrations, and the four services as ``shardbus run`` child proces
 shard simulator (``simulator.shard.ShardSimulator``, in this process) dials the gateway and,
 for the whole soak:
 
-* sends 500 sequenced frames/s (numbered ``i``; the gateway acknowledges each once stored);
+* sends 500 sequenced frames/s (numbered ``i``; the gateway acknowledges each once stored;
+  ``sequenced=True``, SPEC's optional acknowledgement);
 * receives 20 ``item.catalog`` commands/s sent by this process through NATS (the command
   plane, ``shard.<shard>.cmd.item.catalog``), each round trip timed;
 * every 5 s takes part in an event run: the run is created in the ledger, 5 creatures are
-  spawned and a lease (``spawn.rate`` for a target of the run's own) is applied through the
+  spawned and a lease (``Spawner.MaxCount`` for a target of the run's own) is applied through the
   command plane, all 6 are recorded in the ledger, the run is completed, and the cleanup
   service (its own period, 30 s by default) gives them back.
 
@@ -83,6 +84,9 @@ RUN_EVERY_S = 5.0
 CREATURES_PER_RUN = 5
 """Creatures each run spawns (plus one lease)."""
 
+LEASE_KEY = "Spawner.MaxCount"
+"""The lease each run takes: the simulator's targeted key, one target per run."""
+
 WARMUP_S = 10.0
 """Load before the start RSS sample is taken (and before latencies count)."""
 
@@ -121,11 +125,14 @@ class CountingWorld(ShardWorld):
         super().__init__(**kwargs)
         self.give_backs: Counter[tuple[str, str]] = Counter()
 
-    def execute(self, verb: str, body: dict[str, Any]) -> dict[str, Any]:
+    def execute(self, verb: str, body: dict[str, Any]) -> dict[str, Any] | None:
         if verb == "world.despawn":
-            self.give_backs[(str(body.get("runId")), str(body.get("ref")))] += 1
+            for serial in body.get("serials") or []:
+                self.give_backs[(str(body.get("runId")), str(serial))] += 1
         elif verb == "lease.release":
-            self.give_backs[(str(body.get("runId")), f"{body.get('key')}@{body.get('target') or ''}")] += 1
+            # A release names no run (S004:1186): each run leases the target named after itself.
+            target = str(body.get("target") or "")
+            self.give_backs[(target, f"{body.get('key')}@{target}")] += 1
         return super().execute(verb, body)
 
 
@@ -232,9 +239,9 @@ class Soak:
     def __init__(self, stack: Stack, minutes: float) -> None:
         self.stack, self.minutes = stack, minutes
         self.shard = f"soak{uuid.uuid4().hex[:6]}"
-        self.world = CountingWorld(spawn_ceiling=10**7)
+        self.world = CountingWorld()
         host, port = stack.shard_addr.rsplit(":", 1)
-        self.sim = ShardSimulator(host, int(port), self.shard, stack.shard_token, world=self.world)
+        self.sim = ShardSimulator(host, int(port), self.shard, stack.shard_token, world=self.world, sequenced=True)
         self.frames_sent = 0
         self.commands = Timed()
         self.raw = Timed()
@@ -319,10 +326,10 @@ class Soak:
             await ask(nc, subjects.LEDGER_RUN_STATUS, {"runId": run.run_id, "status": "running"})
             spawned = await self.command(nc, "world.spawn", {"runId": run.run_id, "what": "creature",
                                                              "count": CREATURES_PER_RUN})
-            run.refs = list(spawned["refs"])
+            run.refs = list(spawned["serials"])
             run.lease_target = run.run_id
-            leased = await self.command(nc, "lease.apply", {"runId": run.run_id, "key": "spawn.rate",
-                                                            "target": run.lease_target, "value": "3",
+            leased = await self.command(nc, "lease.apply", {"runId": run.run_id, "key": LEASE_KEY,
+                                                            "target": run.lease_target, "value": "25",
                                                             "holdMs": 3_600_000})
             run.lease_baseline = leased["baseline"]
             for ref in run.refs:
@@ -330,11 +337,11 @@ class Soak:
                     "runId": run.run_id, "module": "soak", "kind": "creature", "ref": ref,
                     "idempotencyKey": f"{run.run_id}:creature:{ref}"})
                 run.resources.append((run.run_id, ref))
-            lease_ref = f"spawn.rate@{run.lease_target}"
+            lease_ref = f"{LEASE_KEY}@{run.lease_target}"
             await ask(nc, subjects.LEDGER_RESOURCE_RECORD, {
                 "runId": run.run_id, "module": "soak", "kind": "lease", "ref": lease_ref,
                 "idempotencyKey": f"{run.run_id}:lease:{lease_ref}",
-                "revert": {"key": "spawn.rate", "target": run.lease_target, "expected": "3",
+                "revert": {"key": LEASE_KEY, "target": run.lease_target, "expected": "25",
                            "baseline": run.lease_baseline}})
             run.resources.append((run.run_id, lease_ref))
             await ask(nc, subjects.LEDGER_RUN_STATUS, {"runId": run.run_id, "status": "completed"})
@@ -536,8 +543,9 @@ class Soak:
         executed = self.world.give_backs
         ended = [run for run in self.runs if run.ended]
         lease_left = [run.run_id for run in ended
-                      if self.world.value("spawn.rate", run.lease_target) != run.lease_baseline]
-        objects_left = sum(1 for run in ended for ref in run.refs if self.world.objects[ref].present)
+                      if self.world.value(LEASE_KEY, run.lease_target) != run.lease_baseline]
+        objects_left = sum(1 for run in ended for ref in run.refs
+                           if ref in self.world.objects and self.world.objects[ref].present)
         return {
             "minutes": self.minutes,
             "warmup_s": WARMUP_S,

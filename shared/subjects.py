@@ -128,6 +128,9 @@ LEDGER_RUNS = "ledger.runs"
 LEDGER_LIVE = "ledger.live"
 """Request: a module's live (pending, confirmed) rows."""
 
+LEDGER_LIVE_MODULES = "ledger.live.modules"
+"""Request: every module that owns a live (pending, confirmed) row (what a reconcile of all asks)."""
+
 LEDGER_SWEEP_SETTLE = "ledger.sweep.settle"
 """Request: finished runs holding nothing unresolved get cleanup complete."""
 
@@ -189,7 +192,8 @@ CLEANUP_RETRY = "cleanup.retry"
 """Request ``{runId}``: reset an ``incomplete`` run's attempts and sweep it now."""
 
 CLEANUP_RECONCILE = "cleanup.reconcile"
-"""Request ``{modules?}``: reconcile those modules' live rows (default: the configured ones)."""
+"""Request ``{modules?}``: reconcile those modules' live rows (default: every module owning a
+live row, and the configured ones)."""
 
 CLEANUP_SWEPT = "cleanup.events.swept"
 """Event: a cleanup replica finished a sweep; the payload is that sweep's totals."""

@@ -101,14 +101,24 @@ def create_app(settings: CleanupSettings | None = None) -> FastStream:
 
     @broker.subscriber(subjects.CLEANUP_RECONCILE, queue=QUEUE)
     async def reconcile_now(request: ReconcileRequest) -> dict[str, Any]:
-        """Reconcile the named modules (default: the configured ones)."""
-        modules = request.modules if request.modules is not None else settings.modules_to_reconcile()
-        return replies.ok(**(await reconciler().reconcile(modules)).to_dict())
+        """Reconcile the named modules (default: every module owning a live row, and the
+        configured ones)."""
+        if request.modules is not None:
+            return replies.ok(**(await reconciler().reconcile(request.modules)).to_dict())
+        try:
+            report = await reconciler().reconcile_all(settings.modules_to_reconcile())
+        except LedgerError as exc:
+            return replies.fail(exc.status, f"cannot tell which modules own live rows: {exc}")
+        return replies.ok(**report.to_dict())
 
-    async def every(period_s: float, job: Callable[[], Awaitable[bool]], name: str) -> None:
-        """Run ``job`` every period; after a job the ledger stopped (False), sooner, backing off
-        from OUTAGE_RETRY_S up to the period (e.g. the first sweep, before the ledger is up)."""
+    async def every(period_s: float, job: Callable[[], Awaitable[bool]], name: str, *,
+                    first_after_a_period: bool = False) -> None:
+        """Run ``job`` every period (the first time at once, or after one period); after a job
+        the ledger stopped (False), sooner, backing off from OUTAGE_RETRY_S up to the period
+        (e.g. the first sweep, before the ledger is up)."""
         retry_s = OUTAGE_RETRY_S
+        if first_after_a_period:
+            await asyncio.sleep(period_s * random.uniform(1 - JITTER, 1 + JITTER))
         while True:
             try:
                 done = await job()
@@ -122,16 +132,26 @@ def create_app(settings: CleanupSettings | None = None) -> FastStream:
         return not (await full_sweep("period")).get("error")
 
     async def periodic_reconcile() -> bool:
-        if modules := settings.modules_to_reconcile():
-            report = await reconciler().reconcile(modules)
-            log.info("reconcile done", extra=report.to_dict())
-        return True
+        try:
+            report = await reconciler().reconcile_all(settings.modules_to_reconcile())
+        except LedgerError as exc:
+            log.warning("periodic reconcile stopped: cannot tell which modules own live rows",
+                        extra={"reason": str(exc)})
+            return False
+        summary = report.to_dict()
+        level = logging.WARNING if report.errors or report.unanswered else logging.INFO
+        if report.modules or level != logging.INFO:
+            log.log(level, "reconcile done", extra=summary)
+        return not report.errors
 
     @app.after_startup
     async def start_periodic() -> None:
         sweeper()
         tasks.append(asyncio.create_task(every(settings.sweep_period_s, periodic_sweep, "sweep")))
-        tasks.append(asyncio.create_task(every(settings.reconcile_period_s, periodic_reconcile, "reconcile")))
+        # Reconcile-all asks the shard about every run with a live row: not at start, where every
+        # replica started together would ask at once (and compete with the first sweep).
+        tasks.append(asyncio.create_task(every(settings.reconcile_period_s, periodic_reconcile, "reconcile",
+                                               first_after_a_period=True)))
 
     @app.on_shutdown
     async def stop_periodic() -> None:

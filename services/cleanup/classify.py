@@ -37,7 +37,7 @@ TRANSIENT_STATUSES = frozenset({503, 504, 425, 429})
 """Statuses that mean "not now": no shard connected, no answer in time, busy, rate limited."""
 
 GIVEN_BACK = frozenset({"removed", "gone"})
-"""Despawn results that count as given back (``gone``: it was already absent)."""
+"""A module revert's results that count as given back (``gone``: it was already absent)."""
 
 PREVIEW_CHARS = 200
 """How much of an unexpected answer a reason quotes."""
@@ -99,45 +99,76 @@ def _not_ok(what: str, status: int, reply: dict[str, Any]) -> Outcome:
     return Outcome(Verdict.FAILED, f"{what} answered {status} ({hint}): {detail}")
 
 
-def despawn_answer(reply: Any) -> Outcome:
-    """Classify the gateway's reply to ``world.despawn``."""
+DESPAWN_OK = "world.despawn.ok"
+"""The kind of the shard's answer to ``world.despawn`` (S004:1270-1276)."""
+
+DESPAWN_LISTS = ("removed", "gone", "refused")
+"""``world.despawn.ok``'s three lists of serials: ``removed`` found and deleted, ``gone`` owned
+but already absent (a player killed it: a success), ``refused`` never this run's."""
+
+
+def despawn_answer(reply: Any, serial: str) -> Outcome:
+    """Classify the gateway's reply to ``world.despawn {runId, serials: [serial]}``: the
+    serial under ``removed`` or ``gone`` is given back, under ``refused`` it fails with the
+    reason; a serial the answer does not name at all, or a malformed answer, fails quoting it."""
     what = "world.despawn"
     body, failure = _payload(what, reply, in_body=True)
     if failure:
         return failure
-    result = body.get("result")
-    if result in GIVEN_BACK:
-        return Outcome(Verdict.REVERTED)
-    if result == "refused":
-        reason = body.get("reason") or "no reason given"
-        return Outcome(Verdict.FAILED, f"the shard refused the despawn ({reason}): it says the object is "
-                                       "not this run's; check who owns it before resolving the row by hand")
-    if result is None:
-        return Outcome(Verdict.FAILED, f"{what} answer has no 'result' (expected removed, gone or refused): "
+    kind = body.get("kind")
+    if kind != DESPAWN_OK:
+        shown = "no 'kind'" if kind is None else f"kind {quoted(kind)}"
+        return Outcome(Verdict.FAILED, f"{what} answered 200 with {shown} (expected {DESPAWN_OK}): "
                                        f"{preview(body)}")
-    return Outcome(Verdict.FAILED, f"{what} answered an unknown result {quoted(result)} "
-                                   "(expected removed, gone or refused)")
+    lists: dict[str, list[Any]] = {}
+    for name in DESPAWN_LISTS:
+        value = body.get(name, [])
+        if not isinstance(value, list):
+            return Outcome(Verdict.FAILED, f"{what} answer's {name!r} is not a list of serials: {preview(body)}")
+        lists[name] = value
+    named = [name for name in DESPAWN_LISTS if serial in lists[name]]
+    if named == ["refused"]:
+        return Outcome(Verdict.FAILED, f"the shard refused the despawn of {serial}: it says the object was never "
+                                       "this run's; check who owns it before resolving the row by hand")
+    if named and "refused" not in named:
+        return Outcome(Verdict.REVERTED)
+    if named:
+        return Outcome(Verdict.FAILED, f"{what} answer names {serial} as both given back and refused "
+                                       f"({', '.join(named)}): {preview(body)}")
+    return Outcome(Verdict.FAILED, f"{what} answer does not name {serial} under removed, gone or refused: "
+                                   f"{preview(body)}")
 
 
-def release_answer(reply: Any) -> Outcome:
-    """Classify the gateway's reply to ``lease.release``."""
+LEASE_OK = "lease.ok"
+"""The shard's answer to a release that put the baseline back (S004:1561)."""
+
+LEASE_DRIFTED = "lease.drifted"
+"""The shard's answer to a release it declined: somebody changed the value (S004:1373)."""
+
+
+def release_answer(reply: Any, key: str | None = None) -> Outcome:
+    """Classify the gateway's reply to ``lease.release`` of ``key``."""
     what = "lease.release"
     body, failure = _payload(what, reply, in_body=True)
     if failure:
         return failure
     kind = body.get("kind")
-    if kind == "lease.released":
+    answered_key = body.get("key")
+    if kind in (LEASE_OK, LEASE_DRIFTED) and key is not None and answered_key is not None and answered_key != key:
+        return Outcome(Verdict.FAILED, f"{what} of {quoted(key)} answered about another key "
+                                       f"{quoted(answered_key)}: {preview(body)}")
+    if kind == LEASE_OK:
         return Outcome(Verdict.REVERTED)
-    if kind == "lease.drifted":
+    if kind == LEASE_DRIFTED:
         current = body.get("current")
         shown = "unknown" if current is None else quoted(current)
         return Outcome(Verdict.DRIFTED, f"somebody changed the leased value (now {shown}); "
                                         "left alone so their change stands")
     if kind is None:
-        return Outcome(Verdict.FAILED, f"{what} answer has no 'kind' (expected lease.released or "
-                                       f"lease.drifted): {preview(body)}")
+        return Outcome(Verdict.FAILED, f"{what} answer has no 'kind' (expected {LEASE_OK} or "
+                                       f"{LEASE_DRIFTED}): {preview(body)}")
     return Outcome(Verdict.FAILED, f"{what} answered an unknown kind {quoted(kind)} "
-                                   "(expected lease.released or lease.drifted)")
+                                   f"(expected {LEASE_OK} or {LEASE_DRIFTED}): {preview(body)}")
 
 
 def module_answer(module: str, reply: Any) -> Outcome:

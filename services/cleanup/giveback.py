@@ -1,8 +1,9 @@
 """How one claimed resource row is given back (SPEC section 4, step 2).
 
-World objects go back with the shard's ``world.despawn``, leases with ``lease.release``
-carrying ``expected`` and ``baseline``, anything else through the owning module's own
-``modules.<module>.revert``. Every command carries an idempotency key derived from the row
+World objects go back with the shard's ``world.despawn {runId, serials: [ref]}`` (one row,
+one serial: its answer is read for that serial alone), leases with ``lease.release
+{key, target?, expected, baseline}`` (S004:1186), anything else through the owning module's
+own ``modules.<module>.revert``. Every command carries an idempotency key derived from the row
 alone, so a retry, a second replica or a sweeper that crashed mid-revert sends the *same*
 key and the shard answers the repeat from its cache instead of acting twice.
 """
@@ -49,9 +50,11 @@ def plan(row: dict[str, Any], shard: str) -> Command | Outcome:
             return Outcome(Verdict.FAILED, f"run {run_id!r} names no valid shard ({shard!r}); "
                                            "cannot send the give-back anywhere")
     if kind in WORLD_KINDS:
+        serial = row["ref"]
         return Command(subjects.command(shard, "world.despawn"),
-                       {"runId": run_id, "ref": row["ref"], "idempotencyKey": key},
-                       "world.despawn", classify.despawn_answer, classify.no_gateway(shard))
+                       {"runId": run_id, "serials": [serial], "idempotencyKey": key},
+                       "world.despawn", lambda reply: classify.despawn_answer(reply, serial),
+                       classify.no_gateway(shard))
     if kind == LEASE_KIND:
         return _lease_release(row, shard, key)
     module = row["module"]
@@ -74,12 +77,13 @@ def _lease_release(row: dict[str, Any], shard: str, key: str) -> Command | Outco
         return Outcome(Verdict.FAILED, f"the lease's revert data lacks {names}: without the value to restore "
                                        "and the value to expect the sweep cannot release it safely; "
                                        "restore it by hand, then resolve the row")
-    payload = {"runId": row["runId"], "key": revert["key"], "expected": revert["expected"],
-               "baseline": revert["baseline"], "idempotencyKey": key}
+    payload = {"key": revert["key"], "expected": revert["expected"], "baseline": revert["baseline"],
+               "idempotencyKey": key}
     if revert.get("target") is not None:
         payload["target"] = revert["target"]
+    lease_key = revert["key"]
     return Command(subjects.command(shard, "lease.release"), payload, "lease.release",
-                   classify.release_answer, classify.no_gateway(shard))
+                   lambda reply: classify.release_answer(reply, lease_key), classify.no_gateway(shard))
 
 
 async def send(port: Port, command: Command, timeout_s: float) -> Outcome:

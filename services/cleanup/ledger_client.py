@@ -89,6 +89,19 @@ class LedgerClient:
         reply = await self.call(subjects.LEDGER_LIVE, {"module": module, "limit": LIVE_LIMIT})
         return list(reply.get("resources", []))
 
+    async def live_modules(self) -> list[str]:
+        """Every module owning a live (pending or confirmed) row."""
+        subject = subjects.LEDGER_LIVE_MODULES
+        modules = (await self.call(subject, {"limit": LIVE_LIMIT})).get("modules")
+        if not isinstance(modules, list) or not all(isinstance(m, str) for m in modules):
+            raise LedgerError(subject, 502,
+                              f"the ledger answered without a list of module names: {str(modules)[:200]}")
+        return modules
+
+    async def expired(self, module: str, kind: str, ref: str) -> int:
+        """The game ended ``module``'s (kind, ref) at its deadline; how many rows became ``expired``."""
+        return int((await self.call(subjects.ledger_expired(module), {"kind": kind, "ref": ref})).get("expired", 0))
+
     async def reconcile(self, module: str, run_id: str, kind: str | None, present: list[str]) -> int:
         payload: dict[str, Any] = {"runId": run_id, "present": present}
         if kind is not None:

@@ -1,11 +1,24 @@
 """Reconcile: compare the ledger's live rows with what the shard says still exists.
 
 For each module, its live rows are grouped by run; the run's shard is asked what the run
-still owns (``world.owned`` for world objects, ``lease.list`` for leases) and the ledger
-told which refs are present. The ledger turns the confirmed rows of that run and kind that
-the shard no longer lists into ``orphaned``. A shard that does not answer in time (or
-answers anything but a well-formed 200) is counted as unanswered and its rows are left
-exactly as they are: silence is not evidence that something is gone.
+still owns — ``world.owned {runId}`` for world objects (``world.owned.ok``'s ``owned``,
+S004:1260-1267), ``lease.list`` for leases (``lease.list.ok``'s ``holds``, S004:1131-1149,
+asked once per shard per module) — and the ledger told which refs are present
+(``ledger.reconcile.<module>``): its confirmed rows of that run and kind the shard no longer
+lists become ``orphaned``.
+
+A lease whose hold the shard lists ``expired: true`` is the game ending it at its deadline,
+as it was told to: the shard restored the baseline by itself and keeps the hold listed until
+teardown collects it, precisely so that a reconcile in that window does not write a working
+backstop off as orphaned (S004:1137-1140). Such a row is reported present and recorded as
+``expired`` through the module's expiry request (``ledger.expired.<module>``), never orphaned.
+
+A shard that does not answer in time (or answers anything but a well-formed 200 of the kind
+asked for) is counted as unanswered and its rows are left exactly as they are: silence is
+not evidence that something is gone.
+
+``reconcile_all`` is the website seed's ``reconcileAll``: every module owning a live row
+(``ledger.live.modules``, its ``modulesWithLiveRows``), plus any configured ones.
 """
 
 from __future__ import annotations
@@ -23,26 +36,50 @@ from shared import subjects
 
 log = logging.getLogger("shardbus.cleanup.reconcile")
 
+OWNED_OK = "world.owned.ok"
+"""The kind of the shard's answer to ``world.owned`` (S004:1450)."""
+
+LEASE_LIST_OK = "lease.list.ok"
+"""The kind of the shard's answer to ``lease.list`` (S004:1562)."""
+
 
 class Unanswered(Exception):
     """The shard gave no usable answer; the reason says why."""
 
 
 @dataclass
+class ModuleReport:
+    """What one reconcile found for one module."""
+
+    runs: int = 0
+    orphaned: int = 0
+    expired: int = 0
+    skipped: int = 0
+    unanswered: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {"runs": self.runs, "orphaned": self.orphaned, "expired": self.expired,
+                "skipped": self.skipped, "unanswered": self.unanswered}
+
+
+@dataclass
 class ReconcileReport:
-    """What one reconcile did."""
+    """What one reconcile did: totals, each module's share, and every run left unanswered."""
 
     modules: int = 0
     runs: int = 0
     orphaned: int = 0
+    expired: int = 0
     skipped: int = 0
     unanswered: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    by_module: dict[str, ModuleReport] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The report as a reply's fields."""
-        return {"modules": self.modules, "runs": self.runs, "orphaned": self.orphaned,
-                "skipped": self.skipped, "unanswered": self.unanswered, "errors": self.errors}
+        return {"modules": self.modules, "runs": self.runs, "orphaned": self.orphaned, "expired": self.expired,
+                "skipped": self.skipped, "unanswered": self.unanswered, "errors": self.errors,
+                "byModule": {name: part.to_dict() for name, part in self.by_module.items()}}
 
 
 class Reconciler:
@@ -51,47 +88,76 @@ class Reconciler:
     def __init__(self, port: Port, ledger: LedgerClient, shard_of, timeout_s: float) -> None:
         self.port, self.ledger, self.shard_of, self.timeout_s = port, ledger, shard_of, timeout_s
 
+    async def modules_to_reconcile(self, configured: list[str] | None = None) -> list[str]:
+        """Every module owning a live row (the ledger says which), and the ``configured`` ones;
+        :class:`LedgerError` when the ledger cannot say."""
+        return sorted(set(await self.ledger.live_modules()) | set(configured or ()))
+
+    async def reconcile_all(self, configured: list[str] | None = None) -> ReconcileReport:
+        """Reconcile every module owning a live row (and the ``configured`` ones)."""
+        return await self.reconcile(await self.modules_to_reconcile(configured))
+
     async def reconcile(self, modules: list[str]) -> ReconcileReport:
         """Reconcile every module named (each one's failure leaves the others going)."""
         report = ReconcileReport()
-        for module in modules:
+        for module in dict.fromkeys(modules):
+            part = report.by_module.setdefault(module, ModuleReport())
             try:
-                await self._module(module, report)
+                await self._module(module, report, part)
             except LedgerError as exc:
                 report.errors.append(f"module {module!r}: {exc}")
                 log.warning("reconcile of a module stopped: the ledger failed",
                             extra={"module": module, "reason": str(exc)})
+        for name in ("runs", "orphaned", "expired", "skipped"):
+            setattr(report, name, sum(getattr(part, name) for part in report.by_module.values()))
         return report
 
-    async def _module(self, module: str, report: ReconcileReport) -> None:
+    async def _module(self, module: str, report: ReconcileReport, part: ModuleReport) -> None:
         rows = await self.ledger.live(module)
         report.modules += 1
         by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        holds: dict[str, list[dict[str, Any]] | Unanswered] = {}  # each shard's lease holds, asked once
         for row in rows:
-            if isinstance(row, dict) and isinstance(row.get("runId"), str):
+            if isinstance(row, dict) and isinstance(row.get("runId"), str) and isinstance(row.get("ref"), str):
                 by_run[row["runId"]].append(row)
-        leases: dict[str, list[dict[str, Any]]] = {}  # lease.list of each shard, asked once
         for run_id, run_rows in by_run.items():
-            report.runs += 1
+            part.runs += 1
             shard = await self.shard_of(run_id)
             kinds = {row.get("kind") for row in run_rows}
-            report.skipped += sum(1 for row in run_rows if row.get("kind") not in WORLD_KINDS | {LEASE_KIND})
+            part.skipped += sum(1 for row in run_rows if row.get("kind") not in WORLD_KINDS | {LEASE_KIND})
             try:
                 if kinds & WORLD_KINDS:
                     present = await self._world_owned(shard, run_id)
                     for kind in sorted(kinds & WORLD_KINDS):
-                        report.orphaned += await self.ledger.reconcile(module, run_id, kind, present)
+                        part.orphaned += await self.ledger.reconcile(module, run_id, kind, present)
                 if LEASE_KIND in kinds:
-                    if shard not in leases:
-                        leases[shard] = await self._lease_list(shard)
-                    present = [row["ref"] for row in run_rows
-                               if row.get("kind") == LEASE_KIND and _lease_held(row, run_id, leases[shard])]
-                    report.orphaned += await self.ledger.reconcile(module, run_id, LEASE_KIND, present)
+                    if shard not in holds:
+                        try:
+                            holds[shard] = await self._lease_holds(shard)
+                        except Unanswered as exc:
+                            holds[shard] = exc
+                    if isinstance(holds[shard], Unanswered):
+                        raise Unanswered(str(holds[shard]))
+                    present, expired = [], []
+                    for row in run_rows:
+                        if row.get("kind") != LEASE_KIND:
+                            continue
+                        hold = _hold_of(row, run_id, holds[shard])
+                        if hold is not None:
+                            present.append(row["ref"])
+                            if hold.get("expired") is True:
+                                expired.append(row["ref"])
+                    # Expired first: a row the game ended on time is never orphaned, not even
+                    # for a moment (the reconcile below leaves it alone, being listed present).
+                    for ref in expired:
+                        part.expired += await self.ledger.expired(module, LEASE_KIND, ref)
+                    part.orphaned += await self.ledger.reconcile(module, run_id, LEASE_KIND, present)
             except Unanswered as exc:
+                part.unanswered += 1
                 report.unanswered.append({"module": module, "runId": run_id, "shard": shard, "reason": str(exc)})
 
-    async def _ask(self, shard: str, verb: str, payload: dict[str, Any]) -> list[dict[str, Any]]:
-        """The ``items`` of a 200 answer, or :class:`Unanswered`."""
+    async def _ask(self, shard: str, verb: str, payload: dict[str, Any], kind: str) -> dict[str, Any]:
+        """The body of a 200 answer of ``kind``, or :class:`Unanswered`."""
         if not subjects.is_shard_id(shard):
             raise Unanswered(f"the run names no valid shard ({shard!r})")
         try:
@@ -103,23 +169,51 @@ class Reconciler:
         if not isinstance(reply, dict) or reply.get("status") != 200:
             raise Unanswered(f"{verb} answered {classify.preview(reply)}")
         body = reply.get("body")
-        items = body.get("items") if isinstance(body, dict) else None
-        if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
-            raise Unanswered(f"{verb} answered without a list of items: {classify.preview(reply)}")
-        return items
+        if not isinstance(body, dict) or body.get("kind") != kind:
+            raise Unanswered(f"{verb} answered 200 without a {kind} body: {classify.preview(reply)}")
+        return body
 
     async def _world_owned(self, shard: str, run_id: str) -> list[str]:
-        items = await self._ask(shard, "world.owned", {"runId": run_id})
-        return [str(item["ref"]) for item in items if item.get("ref") is not None]
+        """The serials the shard says ``run_id`` still owns."""
+        body = await self._ask(shard, "world.owned", {"runId": run_id}, OWNED_OK)
+        if "runId" in body and str(body["runId"]) != run_id:
+            raise Unanswered(f"world.owned for run {run_id!r} answered about run {classify.quoted(body['runId'])}")
+        owned = body.get("owned")
+        serials = [_serial(item) for item in owned] if isinstance(owned, list) else None
+        if serials is None or None in serials:
+            raise Unanswered(f"world.owned answered without a list of owned serials: {classify.preview(body)}")
+        return serials
 
-    async def _lease_list(self, shard: str) -> list[dict[str, Any]]:
-        return await self._ask(shard, "lease.list", {})
+    async def _lease_holds(self, shard: str) -> list[dict[str, Any]]:
+        """Every lease the shard holds (``lease.list.ok``'s ``holds``)."""
+        body = await self._ask(shard, "lease.list", {}, LEASE_LIST_OK)
+        holds = body.get("holds")
+        if not isinstance(holds, list) or not all(isinstance(hold, dict) for hold in holds):
+            raise Unanswered(f"lease.list answered without a list of holds: {classify.preview(body)}")
+        return holds
 
 
-def _lease_held(row: dict[str, Any], run_id: str, items: list[dict[str, Any]]) -> bool:
-    """Does the shard still list this run's lease of the row's key (and target)?"""
+def _serial(item: Any) -> str | None:
+    """An ``owned`` element's serial: ``{"serial", "what"}`` or a plain serial."""
+    if isinstance(item, dict):
+        item = item.get("serial")
+    return item if isinstance(item, str) and item else None
+
+
+def _target(value: Any) -> str | None:
+    """A lease target as compared: absent and empty are no target (the shard omits it then)."""
+    return None if value is None or value == "" else str(value)
+
+
+def _hold_of(row: dict[str, Any], run_id: str, holds: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The hold the shard lists for this row's lease: its key and target, and its run when the
+    hold names one. None when the shard no longer holds it."""
     revert = row.get("revert") if isinstance(row.get("revert"), dict) else {}
-    key = revert.get("key", row.get("ref"))
-    target = revert.get("target")
-    return any(item.get("runId") == run_id and item.get("key") == key and item.get("target") == target
-               for item in items)
+    key, target = revert.get("key", row.get("ref")), _target(revert.get("target"))
+    for hold in holds:
+        if hold.get("key") != key or _target(hold.get("target")) != target:
+            continue
+        if hold.get("runId") is not None and str(hold["runId"]) != run_id:
+            continue
+        return hold
+    return None

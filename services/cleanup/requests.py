@@ -30,7 +30,8 @@ class RetryRequest(BaseModel):
 
 
 class ReconcileRequest(BaseModel):
-    """``cleanup.reconcile``: the modules to check (default: the configured ones)."""
+    """``cleanup.reconcile``: the modules to check (default: every module owning a live row, and
+    the configured ones)."""
 
     model_config = ConfigDict(extra="ignore")
 

@@ -39,7 +39,9 @@ class CleanupSettings(CommonSettings):
     )
     ledger_timeout_s: float = Field(default=10.0, gt=0, description="How long a request to the ledger may take.")
     reconcile_modules: str = Field(
-        default="", description="Modules the periodic reconcile checks, comma-separated (empty: none)."
+        default="",
+        description="Modules every reconcile checks besides those owning a live row (which are always checked), "
+        "comma-separated.",
     )
 
     @model_validator(mode="after")
@@ -54,5 +56,5 @@ class CleanupSettings(CommonSettings):
         return self
 
     def modules_to_reconcile(self) -> list[str]:
-        """The reconcile's modules as a list."""
+        """The configured modules as a list (a reconcile adds every module owning a live row)."""
         return [name.strip() for name in self.reconcile_modules.split(",") if name.strip()]

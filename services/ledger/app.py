@@ -160,6 +160,10 @@ def register_handlers(broker: NatsBroker, db: Database, concurrency: int) -> Non
     async def live(body: rq.LiveRows) -> bytes:
         return await console.live(db, body.module, body.limit)
 
+    @subscriber(subjects.LEDGER_LIVE_MODULES)
+    async def live_modules(body: rq.LiveModules) -> bytes:
+        return await console.live_modules(db, body.limit)
+
     @subscriber(subjects.LEDGER_SWEEP_SETTLE)
     async def settle(body: rq.Settle) -> dict[str, Any]:
         count, changes = await sweep.settle(db)

@@ -1,6 +1,7 @@
 """Reads: the run console (the run, its resources, counts by status, unresolved), runs by
-status and cleanup status, and a module's live rows. PostgreSQL renders the whole answer as
-JSON in one query, so a console of 1,000 rows costs one round trip and no per-row Python."""
+status and cleanup status, a module's live rows, and the modules owning live rows.
+PostgreSQL renders the whole answer as JSON in one query, so a console of 1,000 rows costs
+one round trip and no per-row Python."""
 
 from __future__ import annotations
 
@@ -54,4 +55,17 @@ async def live(db: Database, module: str, limit: int) -> bytes:
             FROM (SELECT {resource_json('s')} AS j, s.id FROM resources s
                   WHERE s.module = :module AND s.status = ANY(:live) ORDER BY s.id LIMIT :limit) picked""",
                           {"module": module, "live": list(LIVE), "limit": limit})
+    return row.reply.encode()
+
+
+async def live_modules(db: Database, limit: int) -> bytes:
+    """Every module owning a live (pending or confirmed) row, by name, as the reply's JSON bytes:
+    what a reconcile of every module asks (the website seed's ``modulesWithLiveRows``)."""
+    async with db.connect() as conn:
+        row = await first(conn, """
+            SELECT json_build_object('status', 200, 'modules', COALESCE(json_agg(module ORDER BY module),
+                                                                         '[]'::json))::text AS reply
+            FROM (SELECT DISTINCT s.module FROM resources s WHERE s.status = ANY(:live)
+                  ORDER BY s.module LIMIT :limit) picked""",
+                          {"live": list(LIVE), "limit": limit})
     return row.reply.encode()

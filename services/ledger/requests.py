@@ -109,6 +109,10 @@ class LiveRows(LedgerRequest):
     limit: int = Field(default=1000, ge=1, le=10_000)
 
 
+class LiveModules(LedgerRequest):
+    limit: int = Field(default=1000, ge=1, le=10_000)
+
+
 class Settle(LedgerRequest):
     pass
 

@@ -69,11 +69,12 @@ class Shard:
 
 
 async def connect_shard(nc: nats.NATS, services: ServiceProcesses, shard: str, world: ShardWorld | None = None,
-                        **gateway_settings: str) -> Shard:
-    """Start a gateway, dial the simulator into it and wait until commands reach it."""
+                        sequenced: bool = False, **gateway_settings: str) -> Shard:
+    """Start a gateway, dial the simulator into it and wait until commands reach it (``sequenced``:
+    the simulator numbers its frames and resends the unacknowledged ones after a reconnect)."""
     gateway = services.start("gateway", shard_token=TOKEN, shard_port="0", **gateway_settings)
     host, port = gateway_addr(gateway)
-    sim = ShardSimulator(host, port, shard, TOKEN, world=world or ShardWorld(spawn_ceiling=1_000_000))
+    sim = ShardSimulator(host, port, shard, TOKEN, world=world or ShardWorld(), sequenced=sequenced)
     await sim.connect()
     linked = Shard(nc, gateway, sim)
     async with asyncio.timeout(WAIT_S):

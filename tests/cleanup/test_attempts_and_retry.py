@@ -23,7 +23,7 @@ async def test_a_shard_away_costs_one_attempt_per_sweep_until_the_bound_then_ret
     await start_cleanup(services, max_attempts="3")
     run = f"run-{unique}"
     await ledger.run(run, shard.id)
-    (ref,) = (await shard.command("world.spawn", {"runId": run, "what": "boss"}))["body"]["refs"]
+    (ref,) = (await shard.command("world.spawn", {"runId": run, "what": "boss"}))["body"]["serials"]
     await ledger.record(run, "boss", ref)
     await ledger.end(run, "completed")
     await shard.sim.drop()
@@ -45,7 +45,7 @@ async def test_a_shard_away_costs_one_attempt_per_sweep_until_the_bound_then_ret
     await wait_for(lambda: _answers(shard), "the shard is back", timeout=10)
     retried = await ok(nc, subjects.CLEANUP_RETRY, {"runId": run}, timeout=30)
     assert retried["run"]["reverted"] == 1 and retried["run"]["cleanupStatus"] == "complete"
-    assert not shard.world.objects[ref].present
+    assert ref not in shard.world.objects
     assert shard.sim.executed["world.despawn"] == 1
 
 

@@ -15,15 +15,16 @@ from tests.cleanup.conftest import ask, connect_shard, ok, start_cleanup
 
 
 class GarbledWorld(ShardWorld):
-    """A shard whose despawn answers for some refs are broken."""
+    """A shard whose despawn answers for some serials are broken."""
 
     def __init__(self) -> None:
-        super().__init__(spawn_ceiling=1000)
+        super().__init__()
         self.garbled: dict[str, dict[str, Any]] = {}
 
     def _world_despawn(self, body: dict[str, Any]) -> dict[str, Any]:
-        if body.get("ref") in self.garbled:
-            return self.garbled[body["ref"]]
+        for serial in body.get("serials") or []:
+            if serial in self.garbled:
+                return self.garbled[serial]
         return super()._world_despawn(body)
 
 
@@ -49,16 +50,18 @@ async def test_broken_answers_become_failed_rows_with_reasons_and_other_runs_go_
     await nc.subscribe(subjects.module_revert(garbage_module), cb=garbage)
     for run in (bad, good):
         await ledger.run(run, shard.id)
-    no_result, odd_result, fine = (await shard.command(
-        "world.spawn", {"runId": bad, "what": "creature", "count": 3}))["body"]["refs"]
-    shard.world.garbled[no_result] = {"kind": "world.despawn", "ref": no_result}
-    shard.world.garbled[odd_result] = {"kind": "world.despawn", "result": 42}
-    (good_ref,) = (await shard.command("world.spawn", {"runId": good, "what": "npc"}))["body"]["refs"]
-    for ref in (no_result, odd_result, fine):
+    unnamed, odd_lists, fine = (await shard.command(
+        "world.spawn", {"runId": bad, "what": "creature", "count": 3}))["body"]["serials"]
+    # A 200 that names some other serial, and one whose lists are not lists.
+    shard.world.garbled[unnamed] = {"kind": "world.despawn.ok", "runId": bad, "removed": ["0x1"], "gone": [],
+                                    "refused": []}
+    shard.world.garbled[odd_lists] = {"kind": "world.despawn.ok", "runId": bad, "removed": 42}
+    (good_ref,) = (await shard.command("world.spawn", {"runId": good, "what": "npc"}))["body"]["serials"]
+    for ref in (unnamed, odd_lists, fine):
         await ledger.record(bad, "creature", ref)
     await ledger.record(bad, "zone", "north-field", module=silent_module)
     await ledger.record(bad, "zone", "south-field", module=garbage_module)
-    await ledger.record(bad, "lease", "spawn.rate", revert={"key": "spawn.rate", "expected": "3"})
+    await ledger.record(bad, "lease", "PlayerCaps.SkillCap", revert={"key": "PlayerCaps.SkillCap", "expected": "1300"})
     await ledger.record(good, "npc", good_ref)
     for run in (bad, good):
         await ledger.end(run, "completed")
@@ -69,11 +72,11 @@ async def test_broken_answers_become_failed_rows_with_reasons_and_other_runs_go_
     rows = {row["ref"]: row for row in (await ledger.console(bad))["resources"]}
     reasons = {ref: row["lastError"] for ref, row in rows.items() if row["status"] != "reverted"}
     assert rows[fine]["status"] == "reverted"
-    assert "has no 'result'" in reasons[no_result]
-    assert "unknown result 42" in reasons[odd_result]
+    assert f"does not name {unnamed}" in reasons[unnamed] and '"0x1"' in reasons[unnamed]
+    assert "'removed' is not a list" in reasons[odd_lists] and "42" in reasons[odd_lists]
     assert f"nothing answers modules.{silent_module}.revert" in reasons["north-field"]
     assert "502 Bad Gateway" in reasons["south-field"]
-    assert "lacks 'baseline'" in reasons["spawn.rate"] and "by hand" in reasons["spawn.rate"]
+    assert "lacks 'baseline'" in reasons["PlayerCaps.SkillCap"] and "by hand" in reasons["PlayerCaps.SkillCap"]
     assert (await ledger.console(bad))["run"]["cleanupStatus"] == "incomplete"
     good_console = await ledger.console(good)
     assert good_console["run"]["cleanupStatus"] == "complete"

@@ -22,7 +22,7 @@ async def test_an_operator_sweeps_from_the_command_line(nats_url, shard, ledger,
     await start_cleanup(services)
     run = f"run-{unique}"
     await ledger.run(run, shard.id)
-    (ref,) = (await shard.command("world.spawn", {"runId": run, "what": "npc"}))["body"]["refs"]
+    (ref,) = (await shard.command("world.spawn", {"runId": run, "what": "npc"}))["body"]["serials"]
     await ledger.record(run, "npc", ref)
     await ledger.end(run, "completed")
 

@@ -20,18 +20,31 @@ def _row(run_id: str, resource_id: int, kind: str, ref: str, module: str = "aren
 async def _spawn(shard: Shard, run_id: str, count: int, what: str = "creature") -> list[str]:
     reply = await shard.command("world.spawn", {"runId": run_id, "what": what, "count": count})
     assert reply["status"] == 200, reply
-    return reply["body"]["refs"]
+    assert reply["body"]["kind"] == "world.spawn.ok", reply
+    return reply["body"]["serials"]
 
 
 async def test_a_live_creature_is_despawned_and_a_killed_one_counts_as_given_back(shard, nc):
-    live, killed = await _spawn(shard, "run-a", 2)
+    live, killed, bystander = await _spawn(shard, "run-a", 3)
     shard.world.kill(killed)
     port = NatsPort(nc)
     assert (await giveback.give_back(port, _row("run-a", 1, "creature", live), shard.id, TIMEOUT_S)).verdict \
         is Verdict.REVERTED
     assert (await giveback.give_back(port, _row("run-a", 2, "creature", killed), shard.id, TIMEOUT_S)).verdict \
         is Verdict.REVERTED
-    assert not shard.world.objects[live].present
+    assert live not in shard.world.objects and killed not in shard.world.objects
+    # One row, one serial: the run's other creature is not despawned with it.
+    assert shard.world.objects[bystander].present
+
+
+async def test_a_creature_despawned_once_already_is_gone_when_asked_again_under_another_key(shard, nc):
+    (ref,) = await _spawn(shard, "run-a", 1)
+    port = NatsPort(nc)
+    assert (await giveback.give_back(port, _row("run-a", 1, "creature", ref), shard.id, TIMEOUT_S)).verdict \
+        is Verdict.REVERTED
+    again = await giveback.give_back(port, _row("run-a", 2, "creature", ref), shard.id, TIMEOUT_S)
+    assert again.verdict is Verdict.REVERTED
+    assert shard.sim.executed["world.despawn"] == 2 and shard.sim.replayed["world.despawn"] == 0
 
 
 async def test_giving_the_same_row_back_twice_executes_once_and_replays_once(shard, nc):
@@ -48,31 +61,61 @@ async def test_another_runs_object_is_refused_and_stays(shard, nc):
     (ref,) = await _spawn(shard, "run-owner", 1)
     outcome = await giveback.give_back(NatsPort(nc), _row("run-thief", 3, "creature", ref), shard.id, TIMEOUT_S)
     assert outcome.verdict is Verdict.FAILED
-    assert "never this run's" in outcome.reason
+    assert "never this run's" in outcome.reason and ref in outcome.reason
     assert shard.world.objects[ref].present
 
 
+async def test_a_serial_the_shard_never_placed_is_refused(shard, nc):
+    outcome = await giveback.give_back(NatsPort(nc), _row("run-a", 3, "creature", "0x7FFFFFFF"), shard.id,
+                                       TIMEOUT_S)
+    assert outcome.verdict is Verdict.FAILED and "never this run's" in outcome.reason
+
+
 async def test_a_lease_is_released_to_its_baseline_unless_staff_changed_it(shard, nc):
-    for target in ("north", "south"):
-        reply = await shard.command("lease.apply", {"runId": "run-a", "key": "spawn.rate", "target": target,
-                                                    "value": "3", "holdMs": 600_000})
-        assert reply["status"] == 200, reply
-    shard.world.set_value("spawn.rate", "9", target="south")  # staff, by hand
+    baselines = {}
+    for target in ("0x4000AAAA", "0x4000BBBB"):
+        reply = await shard.command("lease.apply", {"runId": "run-a", "key": "Spawner.MaxCount", "target": target,
+                                                    "value": "25", "holdMs": 600_000})
+        assert reply["status"] == 200 and reply["body"]["kind"] == "lease.ok", reply
+        baselines[target] = reply["body"]["baseline"]
+    assert baselines == {"0x4000AAAA": "10", "0x4000BBBB": "10"}
+    shard.world.set_value("Spawner.MaxCount", "40", target="0x4000BBBB")  # staff, by hand
     port = NatsPort(nc)
-    released = await giveback.give_back(port, _row("run-a", 1, "lease", "spawn.rate@north", key="spawn.rate",
-                                                   target="north", expected="3", baseline="1"),
-                                        shard.id, TIMEOUT_S)
-    drifted = await giveback.give_back(port, _row("run-a", 2, "lease", "spawn.rate@south", key="spawn.rate",
-                                                  target="south", expected="3", baseline="1"),
-                                       shard.id, TIMEOUT_S)
-    assert released.verdict is Verdict.REVERTED and shard.world.value("spawn.rate", "north") == "1"
-    assert drifted.verdict is Verdict.DRIFTED and '"9"' in drifted.reason
-    assert shard.world.value("spawn.rate", "south") == "9"
+    released = await giveback.give_back(port, _row("run-a", 1, "lease", "Spawner.MaxCount@0x4000AAAA",
+                                                   key="Spawner.MaxCount", target="0x4000AAAA", expected="25",
+                                                   baseline="10"), shard.id, TIMEOUT_S)
+    drifted = await giveback.give_back(port, _row("run-a", 2, "lease", "Spawner.MaxCount@0x4000BBBB",
+                                                  key="Spawner.MaxCount", target="0x4000BBBB", expected="25",
+                                                  baseline="10"), shard.id, TIMEOUT_S)
+    assert released.verdict is Verdict.REVERTED and shard.world.value("Spawner.MaxCount", "0x4000AAAA") == "10"
+    assert drifted.verdict is Verdict.DRIFTED and '"40"' in drifted.reason
+    assert shard.world.value("Spawner.MaxCount", "0x4000BBBB") == "40"
+    assert shard.world.holds == {}  # teardown collected both verdicts
+
+
+async def test_an_untargeted_lease_is_released_and_a_repeat_is_a_replay(shard, nc):
+    applied = await shard.command("lease.apply", {"runId": "run-a", "key": "PlayerCaps.SkillCap", "value": "1300",
+                                                  "holdMs": 600_000})
+    assert applied["body"]["baseline"] == "1200", applied
+    port, row = NatsPort(nc), _row("run-a", 4, "lease", "PlayerCaps.SkillCap", key="PlayerCaps.SkillCap",
+                                   target=None, expected="1300", baseline="1200")
+    assert (await giveback.give_back(port, row, shard.id, TIMEOUT_S)).verdict is Verdict.REVERTED
+    assert (await giveback.give_back(port, row, shard.id, TIMEOUT_S)).verdict is Verdict.REVERTED
+    assert shard.world.value("PlayerCaps.SkillCap") == "1200"
+    assert (shard.sim.executed["lease.release"], shard.sim.replayed["lease.release"]) == (1, 1)
+
+
+async def test_a_lease_key_the_shard_does_not_offer_fails_with_the_shards_sentence(shard, nc):
+    outcome = await giveback.give_back(NatsPort(nc), _row("run-a", 5, "lease", "Loot.MaxProps", key="Loot.MaxProps",
+                                                          expected="3", baseline="1"), shard.id, TIMEOUT_S)
+    assert outcome.verdict is Verdict.FAILED
+    assert "404" in outcome.reason and "no lease is offered for key 'Loot.MaxProps'" in outcome.reason
 
 
 async def test_a_lease_without_baseline_never_reaches_the_shard(shard, nc):
-    outcome = await giveback.give_back(NatsPort(nc), _row("run-a", 1, "lease", "spawn.rate", key="spawn.rate",
-                                                          expected="3"), shard.id, TIMEOUT_S)
+    outcome = await giveback.give_back(NatsPort(nc), _row("run-a", 1, "lease", "PlayerCaps.SkillCap",
+                                                          key="PlayerCaps.SkillCap", expected="1300"),
+                                       shard.id, TIMEOUT_S)
     assert outcome.verdict is Verdict.FAILED and "'baseline'" in outcome.reason
     assert shard.sim.executed["lease.release"] == 0
 

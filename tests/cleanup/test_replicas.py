@@ -10,6 +10,7 @@ import json
 import signal
 
 from shared import subjects
+from simulator.world import PLACES_AT_MOST
 from tests.cleanup.conftest import Ledger, Shard, ok, start_cleanup, wait_for
 
 RUNS = 40
@@ -29,16 +30,19 @@ async def _populate(shard: Shard, ledger: Ledger, prefix: str, runs: int, creatu
         run = f"{prefix}-{index}"
         run_ids.append(run)
         await ledger.run(run, shard.id)
-        if creatures:
-            spawned = await shard.command("world.spawn", {"runId": run, "what": "creature", "count": creatures})
-            rows += [(run, "creature", ref, None) for ref in spawned["body"]["refs"]]
+        for placed in range(0, creatures, PLACES_AT_MOST):  # a shard places at most 30 at a time
+            count = min(PLACES_AT_MOST, creatures - placed)
+            spawned = await shard.command("world.spawn", {"runId": run, "what": "creature", "count": count})
+            assert spawned["status"] == 200 and len(spawned["body"]["serials"]) == count, spawned
+            rows += [(run, "creature", ref, None) for ref in spawned["body"]["serials"]]
         for lease in range(leases):
-            target = f"{run}-t{lease}"
-            applied = await shard.command("lease.apply", {"runId": run, "key": "loot.multiplier", "target": target,
-                                                          "value": "2", "holdMs": 3_600_000})
-            assert applied["status"] == 200, applied
-            rows.append((run, "lease", f"loot.multiplier@{target}",
-                         {"key": "loot.multiplier", "target": target, "expected": "2", "baseline": "1"}))
+            target = f"{run}-t{lease}"  # one spawner per lease: Spawner.MaxCount is a targeted key
+            applied = await shard.command("lease.apply", {"runId": run, "key": "Spawner.MaxCount", "target": target,
+                                                          "value": "25", "holdMs": 3_600_000})
+            assert applied["status"] == 200 and applied["body"]["kind"] == "lease.ok", applied
+            rows.append((run, "lease", f"Spawner.MaxCount@{target}",
+                         {"key": "Spawner.MaxCount", "target": target, "expected": "25",
+                          "baseline": applied["body"]["baseline"]}))
     await ledger.record_many(rows)
     return run_ids
 

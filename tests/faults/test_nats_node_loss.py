@@ -70,8 +70,8 @@ async def test_killing_one_nats_node_of_three_loses_no_acknowledged_frame_nor_gi
                             reconnect_time_wait=0.2)
     tally, stop, shard, load = Tally(), asyncio.Event(), None, None
     try:
-        shard = await connect_shard(nc, procs, f"nk{unique}", jetstream_replicas="3", publish_ack_timeout_s="1",
-                                    silence_timeout_s="60")
+        shard = await connect_shard(nc, procs, f"nk{unique}", sequenced=True, jetstream_replicas="3",
+                                    publish_ack_timeout_s="1", silence_timeout_s="60")
         sim = shard.sim
         load = await RunLoad.start(procs, nc, shard, database_url, f"w{unique}", RUNS, EVERY_S)
         commander = asyncio.create_task(keep_commanding(nc, sim.shard, tally, stop))

@@ -47,7 +47,8 @@ async def test_a_10_s_nats_outage_loses_no_frame_and_gives_every_resource_back_o
                             reconnect_time_wait=0.2)
     tally, stop, shard, load = Tally(), asyncio.Event(), None, None
     try:
-        shard = await connect_shard(nc, procs, f"nr{unique}", publish_ack_timeout_s="1", silence_timeout_s="60")
+        shard = await connect_shard(nc, procs, f"nr{unique}", sequenced=True, publish_ack_timeout_s="1",
+                                    silence_timeout_s="60")
         sim = shard.sim
         load = await RunLoad.start(procs, nc, shard, database_url, f"w{unique}", RUNS, EVERY_S)
         commander = asyncio.create_task(keep_commanding(nc, sim.shard, tally, stop))

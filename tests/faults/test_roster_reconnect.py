@@ -50,7 +50,7 @@ async def send_chunks(sim: ShardSimulator, roster: list[str], seqs: range) -> No
     """The guild.roster frames ``seqs`` of ``roster`` (``more`` on all but the last chunk)."""
     last = (len(roster) - 1) // CHUNK
     for seq in seqs:
-        await sim.send("guild.roster", guild=GUILD, seq=seq, more=seq < last,
+        await sim.send("guild.roster", id=GUILD, seq=seq, more=seq < last,
                        members=roster[seq * CHUNK:(seq + 1) * CHUNK])
         await asyncio.sleep(CHUNK_EVERY_S)
 
@@ -103,7 +103,7 @@ async def test_a_roster_torn_by_a_reconnect_never_reaches_the_board(nats_url, tm
         procs.start("gateway", shard_token=TOKEN, shard_port=str(shard_port), silence_timeout_s="60")
         await sim.connect()
         await wait_commands_answered(nc, sim.shard)
-        await sim.send("guild.update", guild={"id": GUILD, "name": "g-start"})
+        await sim.send("guild.update", id=GUILD, name="g-start")
         await wait_for(nc, sim.shard, lambda g: g.get("name") == "g-start")
         readers = [asyncio.create_task(keep_reading(nc, sim.shard, mine, stop)) for mine in seen]
         last = (MEMBERS - 1) // CHUNK
@@ -116,7 +116,7 @@ async def test_a_roster_torn_by_a_reconnect_never_reaches_the_board(nats_url, tm
             await send_chunks(sim, members(f"x{r}"), range(drop_after + 1, last + 1))
             # A snapshot after the tail: board writes are in order, so once the board shows it,
             # whatever the tail did is on the board too — and the roster must be the previous one.
-            await sim.send("guild.update", guild={"id": GUILD, "name": f"g-{r}"})
+            await sim.send("guild.update", id=GUILD, name=f"g-{r}")
             guild = await wait_for(nc, sim.shard, lambda g, r=r: g.get("name") == f"g-{r}")
             assert round_of(guild) == r - 1, f"round {r}: after the drop the board shows {guild.get('roster')}"
             await send_chunks(sim, members(f"r{r}"), range(last + 1))

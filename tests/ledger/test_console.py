@@ -1,5 +1,5 @@
-"""Reads (the run console, runs by status, a module's live rows) and the update events a
-website subscribes to instead of polling."""
+"""Reads (the run console, runs by status, a module's live rows, the modules owning live rows)
+and the update events a website subscribes to instead of polling."""
 
 from __future__ import annotations
 
@@ -58,6 +58,27 @@ async def test_live_rows_are_the_modules_pending_and_confirmed_rows(ledger, uniq
     await ledger.ask(subjects.ledger_expired("lease"), kind="creature", ref="c3")
     live = await ledger.ask(subjects.LEDGER_LIVE, module="lease")
     assert [(r["ref"], r["status"]) for r in live["resources"]] == [("c1", "confirmed"), ("c2", "pending")]
+
+
+async def test_the_modules_with_live_rows_are_those_owning_a_pending_or_confirmed_row(ledger, unique):
+    assert await ledger.ask(subjects.LEDGER_LIVE_MODULES) == {"status": 200, "modules": []}
+    live, ended = f"live{unique}", f"ended{unique}"
+    await ledger.run(live, "running")
+    await ledger.run(ended, "running")
+    await ledger.record(live, "c1", module="siege")                  # confirmed
+    await ledger.record(live, "c2", module="arena", reserve=True)    # a pending placeholder
+    await ledger.record(live, "c3", module="arena")
+    await ledger.record(ended, "z1", module="zones", kind="zone")     # expired below: resolved
+    await ledger.record(ended, "c9", module="faded")                 # orphaned below: not live
+    await ledger.ask(subjects.ledger_expired("zones"), kind="zone", ref="z1")
+    assert (await ledger.ask(subjects.ledger_reconcile("faded"), runId=ended, present=[]))["orphaned"] == 1
+
+    reply = await ledger.ask(subjects.LEDGER_LIVE_MODULES)
+
+    assert reply == {"status": 200, "modules": ["arena", "siege"]}  # each once, by name
+    assert (await ledger.ask(subjects.LEDGER_LIVE_MODULES, limit=1))["modules"] == ["arena"]
+    bad = await ledger.ask(subjects.LEDGER_LIVE_MODULES, limit=0)
+    assert bad["status"] == 400 and "limit" in bad["error"]
 
 
 async def test_every_change_is_published_on_the_runs_event_subject_after_commit(ledger, nc, db, unique):
