@@ -39,3 +39,49 @@ def test_every_documented_subject_has_a_payload_schema(service):
         for ref in channel["messages"].values():
             message = messages[unquote(ref["$ref"].rsplit("/", 1)[1])]
             assert "payload" in message, f"{name} has no payload schema"
+
+
+GATEWAY_SHARD_PLANE = {
+    # address → (operation action, has a reply)
+    "shard.{shard}.frame.{kind}": ("send", False),
+    "shard.{shard}.deadletter": ("send", False),
+    "shard.{shard}.cmd.{verb}": ("receive", True),
+    "shard.{shard}.board.{name}": ("receive", True),
+    "shard.{shard}.news.add": ("receive", True),
+}
+"""The subjects websites use, as the gateway's document must list them."""
+
+
+def test_the_gateway_document_lists_the_subjects_websites_use():
+    document = json.loads((ROOT / "docs" / "asyncapi" / "gateway.json").read_text())
+    channels = document["channels"]
+    by_address = {channel.get("address"): key for key, channel in channels.items()}
+    assert GATEWAY_SHARD_PLANE.keys() <= by_address.keys()
+    for address, (action, has_reply) in GATEWAY_SHARD_PLANE.items():
+        key = by_address[address]
+        [operation] = [op for op in document["operations"].values()
+                       if unquote(op["channel"]["$ref"]) == f"#/channels/{key}"]
+        assert operation["action"] == action, address
+        assert ("reply" in operation) == has_reply, address
+        if has_reply:  # the reply's channel has no address (the request's reply subject) and a payload
+            reply_key = unquote(operation["reply"]["channel"]["$ref"]).rsplit("/", 1)[1]
+            assert "address" not in channels[reply_key]
+            [ref] = channels[reply_key]["messages"].values()
+            message = document["components"]["messages"][unquote(ref["$ref"]).rsplit("/", 1)[1]]
+            assert message["payload"]["$ref"].startswith("#/components/schemas/")
+    schemas = document["components"]["schemas"]
+    assert {"Frame", "DeadLetter", "CommandRequest", "CommandReply", "ShardAnswer", "BoardReply",
+            "NewsItem", "NewsReply"} <= schemas.keys()
+
+
+def test_documenting_the_shard_plane_subscribes_to_nothing():
+    """The shard-plane subjects are declared on a broker that is only in the document: the
+    gateway's own broker subscribes to what it did before (``links.py`` subscribes to a shard's
+    commands only while it is connected; ``board_store.py`` to board reads and news)."""
+    from services.gateway.app import create_app
+
+    app = create_app()
+    [broker] = app.brokers
+    subscribed = sorted(sub.subject.template for sub in broker.subscribers)
+    assert subscribed == ["gateway.health", "gateway.status", "shardbus.ping"]
+    assert list(broker.publishers) == []
