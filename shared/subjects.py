@@ -11,12 +11,12 @@ import re
 SHARD_ID_PATTERN = r"[a-z0-9_-]{1,32}"
 """What a shard id may look like; it becomes a subject token."""
 
-_SHARD_ID = re.compile(rf"^{SHARD_ID_PATTERN}$")
+_SHARD_ID = re.compile(SHARD_ID_PATTERN)
 
 
 def is_shard_id(value: object) -> bool:
-    """True when ``value`` is a valid shard id."""
-    return isinstance(value, str) and _SHARD_ID.match(value) is not None
+    """True when ``value`` is a valid shard id (the whole string: ``$`` would let "uoa\n" by)."""
+    return isinstance(value, str) and _SHARD_ID.fullmatch(value) is not None
 
 
 # --- shard plane (owned by the gateway) ------------------------------------------------

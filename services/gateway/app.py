@@ -42,7 +42,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastStream:
         await gateway.start()
         state["gateway"] = gateway
         server = await asyncio.start_server(gateway.handle, settings.shard_host, settings.shard_port,
-                                            limit=settings.max_line_bytes + 1)
+                                            limit=gateway.line_cap + 1)
         state["server"] = server
         host, port = server.sockets[0].getsockname()[:2]
         log.info("listening for shards", extra={"addr": f"{host}:{port}"})

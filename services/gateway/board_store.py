@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import uuid
 from typing import Any
 
@@ -31,6 +32,9 @@ READ_TIMEOUT_S = 5.0
 
 SKIPPED_HEADERS = {"KV-Operation", "Nats-Marker-Reason"}
 """Headers of a deleted or purged key (the value itself is a plain put)."""
+
+NEWS_ID = re.compile(r"[A-Za-z0-9]{1,64}")
+"""A news item's id: it becomes a key token (``str.isalnum`` would also pass "é" or "٣")."""
 
 READ_BATCH = 256
 """Entries fetched per round trip when reading a board."""
@@ -184,8 +188,9 @@ class BoardStore:
         news_id = item.get("id") if isinstance(item, dict) else None
         if not isinstance(item, dict):
             reply: dict[str, Any] = {"status": 400, "error": "body must be a JSON object"}
-        elif isinstance(news_id, bool) or not isinstance(news_id, (int, str)) or not str(news_id).isalnum():
-            reply = {"status": 400, "error": "id is required: letters and digits naming the news item"}
+        elif isinstance(news_id, bool) or not isinstance(news_id, (int, str)) \
+                or not NEWS_ID.fullmatch(str(news_id)):
+            reply = {"status": 400, "error": "id is required: 1-64 ASCII letters and digits naming the news item"}
         else:
             await self.buckets["news"].put(item_key(shard, str(news_id), "item"),
                                            json.dumps(item, ensure_ascii=False).encode())

@@ -46,6 +46,13 @@ CHUNKED_KINDS = frozenset({"guild.roster"})
 REASON_HEADER = "Shardbus-Reason"
 """Header of a dead letter saying why the line could not be a frame."""
 
+HEADER_ROOM = 4096
+"""Bytes of a NATS message kept for headers (Nats-Msg-Id, Shardbus-Reason): the server's
+max_payload counts headers and body together, and a publish over it closes the connection."""
+
+REASON_CHARS = 300
+"""Longest Shardbus-Reason header."""
+
 WRITE_HIGH_WATER = 1024 * 1024
 """Bytes waiting for a slow shard beyond which a sender waits for them to drain."""
 
@@ -120,6 +127,13 @@ class Gateway:
         self.publishers: dict[str, ShardPublisher] = {}
         self.boards = BoardStore(nc, settings.board_bucket_prefix, settings.jetstream_replicas)
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.line_cap = min(settings.max_line_bytes, nc.max_payload - HEADER_ROOM)
+        """The longest line accepted: a line plus the headers the gateway adds always fits in
+        one NATS message (the server's max_payload, from its INFO)."""
+        if self.line_cap < settings.max_line_bytes:
+            log.info("line cap lowered to fit NATS's max_payload",
+                        extra={"max_line_bytes": settings.max_line_bytes, "line_cap": self.line_cap,
+                               "max_payload": nc.max_payload})
 
     async def start(self) -> None:
         """Declare the streams and the boards' buckets, and answer board reads and news."""
@@ -157,7 +171,8 @@ class Gateway:
         if shard not in self.publishers:
             pub = ShardPublisher(self.nc, self.js, window=self.settings.publish_window,
                                  ack_timeout_s=self.settings.publish_ack_timeout_s,
-                                 buffer=self.settings.buffer_frames,
+                                 buffer=self.settings.buffer_frames, buffer_bytes=self.settings.buffer_bytes,
+                                 dead_letter_subject=subjects.deadletter(shard),
                                  on_stored=lambda item, s=shard: self._acknowledge(s, item))
             pub.start()
             self.publishers[shard] = pub
@@ -181,7 +196,7 @@ class Gateway:
         peer = str(writer.get_extra_info("peername"))
         link: ShardLink | None = None
         try:
-            first = await asyncio.wait_for(read_line(reader, self.settings.max_line_bytes),
+            first = await asyncio.wait_for(read_line(reader, self.line_cap),
                                            self.settings.hello_timeout_s)
             if first is None:
                 return
@@ -225,8 +240,7 @@ class Gateway:
             log.warning("NATS did not confirm the command subscription", extra={"shard": hello.shard})
         log.info("shard connected", extra={"shard": hello.shard, "protocol": hello.protocol, "peer": peer})
         # The hello is forwarded without its token: a secret never goes into the stream.
-        body = {k: v for k, v in json.loads(first).items() if k != "token"}
-        data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        data = _without_token(json.loads(first))
         await self.publisher(hello.shard).put(
             Outgoing(subjects.frame(hello.shard, "server.hello"), data, f"{hello.shard}.{link.epoch}.0"))
         self._spawn(self._replay_news(link))
@@ -275,7 +289,7 @@ class Gateway:
                 await link.send(ping)
 
     async def _read_frames(self, link: ShardLink, reader: asyncio.StreamReader) -> None:
-        cap = self.settings.max_line_bytes
+        cap = self.line_cap
         while not link.closed:
             line = await read_line(reader, cap)
             if line is None:
@@ -294,10 +308,17 @@ class Gateway:
             link.dead_letters += 1
             log.warning("dead letter", extra={"shard": shard, "reason": item.reason, "line_no": link.line_no})
             await self.publisher(shard).put(Outgoing(subjects.deadletter(shard), line, msg_id,
-                                                     {REASON_HEADER: item.reason}))
+                                                     {REASON_HEADER: item.reason[:REASON_CHARS]}))
             return
         if item.kind == PONG:
             return
+        if item.kind == "server.hello":
+            # A hello on an open link: the seed's sidecar takes it as the shard starting over
+            # (S004:295-298: partial rosters dropped, news replayed). It is forwarded like the
+            # first one, without its token: a secret never goes into the stream.
+            line = _without_token(item.body)
+            link.rosters = RosterAssembler()
+            self._spawn(self._replay_news(link))
         req_id = item.body.get("reqId")
         if isinstance(req_id, str) and (future := link.pending.get(req_id)) and not future.done():
             future.set_result((item.body, line))
@@ -314,7 +335,7 @@ class Gateway:
             link.dead_letters += 1
             log.warning("dead letter", extra={"shard": shard, "reason": problem, "line_no": link.line_no})
             await self.publisher(shard).put(Outgoing(subjects.deadletter(shard), line, f"{msg_id}.board",
-                                                     {REASON_HEADER: problem}))
+                                                     {REASON_HEADER: problem[:REASON_CHARS]}))
         await self.boards.write(shard, ops)
 
     # --- commands ---------------------------------------------------------------------
@@ -385,6 +406,12 @@ class Gateway:
         await self.boards.stop()
         for task in list(self._tasks):
             task.cancel()
+
+
+def _without_token(hello: dict[str, Any]) -> bytes:
+    """A hello as it is forwarded: every field but ``token``."""
+    return json.dumps({k: v for k, v in hello.items() if k != "token"}, ensure_ascii=False,
+                      separators=(",", ":")).encode()
 
 
 HELLO_REFUSED = "gateway.hello.refused"

@@ -11,11 +11,14 @@ failure is de-duplicated by JetStream.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import nats.errors
+import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
@@ -23,6 +26,26 @@ log = logging.getLogger("shardbus.gateway.publisher")
 
 RETRY_PAUSE_S = 0.2
 """Pause before publishing a frame again after a failure (NATS away, no acknowledgement)."""
+
+REFUSALS_BEFORE_DEAD_LETTER = 5
+"""Times JetStream may refuse one message while NATS is up (not a timeout: an error answer)
+before it is dead-lettered with the reason: one bad message must not wedge the shard's
+publisher, and every later frame behind it."""
+
+REASON_CHARS = 300
+"""Longest reason header: headers count against NATS's max payload."""
+
+
+def refuses_the_message(error: Exception) -> bool:
+    """True when the error is about this message (too big, a bad subject, JetStream's 4xx),
+    not about NATS being slow, away or electing a leader (retried for as long as it takes,
+    so nothing is lost or reordered during a fault)."""
+    if isinstance(error, (nats.errors.MaxPayloadError, nats.errors.BadSubjectError)):
+        return True
+    code = getattr(error, "code", None)
+    return isinstance(error, nats.js.errors.APIError) and isinstance(code, int) and 400 <= code < 500
+
+
 
 CONNECTED_POLL_S = 0.05
 """How often a publisher looks whether NATS is back."""
@@ -49,11 +72,18 @@ class ShardPublisher:
     again, one at a time, in order; JetStream drops the ones it already holds."""
 
     def __init__(self, nc: Client, js: JetStreamContext, *, window: int, ack_timeout_s: float,
-                 buffer: int, on_stored: Callable[[Outgoing], None]) -> None:
+                 buffer: int, on_stored: Callable[[Outgoing], None], buffer_bytes: int = 64 * 1024 * 1024,
+                 dead_letter_subject: str | None = None) -> None:
         self.nc, self.js = nc, js
         self.ack_timeout_s = ack_timeout_s
         self.queue: asyncio.Queue[Outgoing] = asyncio.Queue()
         self.buffer = buffer
+        self.buffer_bytes = buffer_bytes
+        self.dead_letter_subject = dead_letter_subject
+        self.held_bytes = 0
+        """Bytes put and not yet stored (queued, held or in flight): bounded by ``buffer_bytes``."""
+        self.most_held_bytes = 0
+        self.dead_lettered = 0
         self._room = asyncio.Event()
         self.on_stored = on_stored
         self.published = 0
@@ -66,13 +96,26 @@ class ShardPublisher:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def put(self, item: Outgoing) -> None:
-        """Queue a message; once the buffer is full, waits (back-pressure) until it is half
-        empty again, so reading and publishing go in batches rather than one by one."""
-        if self.queue.qsize() >= self.buffer:
-            while self.queue.qsize() > self.buffer // 2:
+        """Queue a message; once the buffer is full — by count, or by bytes held — waits
+        (back-pressure) until it is half empty again, so reading and publishing go in batches
+        rather than one by one. A single message larger than the byte bound still goes alone."""
+        size = len(item.data)
+        if self.queue.qsize() >= self.buffer or (self.held_bytes and self.held_bytes + size > self.buffer_bytes):
+            while self.queue.qsize() > self.buffer // 2 or (self.held_bytes and
+                                                             self.held_bytes + size > self.buffer_bytes // 2):
                 self._room.clear()
                 await self._room.wait()
+        self.held_bytes += size
+        self.most_held_bytes = max(self.most_held_bytes, self.held_bytes)
         self.queue.put_nowait(item)
+
+    def _release(self, item: Outgoing) -> None:
+        self.held_bytes -= len(item.data)
+        if self.queue.qsize() <= self.buffer // 2 and self.held_bytes <= self.buffer_bytes // 2:
+            self._room.set()
+        if self.held_bytes == 0 and self.most_held_bytes > self.buffer_bytes // 2:
+            self.most_held_bytes = 0
+            _give_memory_back()
 
     def pending(self) -> int:
         """Messages not yet stored by JetStream (buffered or in flight)."""
@@ -110,7 +153,7 @@ class ShardPublisher:
     async def _send(self) -> None:
         while True:
             item = await self.queue.get()
-            if self.queue.qsize() <= self.buffer // 2:
+            if self.queue.qsize() <= self.buffer // 2 and self.held_bytes <= self.buffer_bytes // 2:
                 self._room.set()
             self._holding = 1
             await self._slots.acquire()
@@ -150,6 +193,7 @@ class ShardPublisher:
             future.cancel()
         while self._in_flight:
             item, _ = self._in_flight[0]
+            refusals = 0
             while True:
                 await self._connected()
                 try:
@@ -159,12 +203,37 @@ class ShardPublisher:
                 except Exception as error:
                     self.retries += 1
                     log.debug("publish failed, retrying", extra={"reason": repr(error)})
-                    await asyncio.sleep(RETRY_PAUSE_S)
+                    if refuses_the_message(error):
+                        refusals += 1
+                        if refusals >= REFUSALS_BEFORE_DEAD_LETTER:
+                            await self._dead_letter(item, error)
+                            break
+                await asyncio.sleep(RETRY_PAUSE_S)
             self._in_flight.popleft()
             self._slots.release()
             self._stored(item)
 
+    async def _dead_letter(self, item: Outgoing, error: Exception) -> None:
+        """Keep a message JetStream keeps refusing on the dead-letter subject, with why."""
+        reason = f"JetStream refused it {REFUSALS_BEFORE_DEAD_LETTER} times: {error!r}"[:REASON_CHARS]
+        log.error("a message JetStream keeps refusing was dead-lettered",
+                  extra={"subject": item.subject, "reason": reason, "bytes": len(item.data)})
+        if self.dead_letter_subject is None or item.subject == self.dead_letter_subject:
+            return  # a refused dead letter: the log line above is all that can be kept
+        room = max(0, self.nc.max_payload - 4096)
+        headers = {"Nats-Msg-Id": f"{item.msg_id}.refused", "Shardbus-Reason": reason,
+                   "Shardbus-Subject": item.subject[:REASON_CHARS]}
+        if len(item.data) > room:
+            headers["Shardbus-Truncated"] = str(len(item.data))
+        try:
+            await self.js.publish(self.dead_letter_subject, item.data[:room], timeout=self.ack_timeout_s,
+                                  headers=headers)
+            self.dead_lettered += 1
+        except Exception as again:
+            log.error("the dead letter was refused too", extra={"reason": repr(again)})
+
     def _stored(self, item: Outgoing) -> None:
+        self._release(item)
         self.published += 1
         try:
             self.on_stored(item)
@@ -175,6 +244,15 @@ class ShardPublisher:
 def _log_crash(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("publisher stopped", exc_info=task.exception())
+
+
+def _give_memory_back() -> None:
+    """After a large backlog drains, hand freed heap pages back to the system (glibc keeps
+    them otherwise, and a gateway that once buffered 300 MB would keep that RSS)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _failed_future() -> asyncio.Future:

@@ -23,7 +23,8 @@ class GatewaySettings(CommonSettings):
         description="Per-shard tokens as JSON (e.g. {\"uo1\": \"…\"}); a shard listed here must "
         "present its own token, any other shard the common one.")
     max_line_bytes: int = Field(default=1024 * 1024, ge=1024,
-                                description="Longest line a shard may send; longer ones are refused.")
+                                description="Longest line a shard may send; longer ones are refused. "
+                                "Lowered at start to what NATS's max_payload leaves after headers.")
     hello_timeout_s: float = Field(default=10.0, gt=0,
                                    description="Time a new connection has to send server.hello.")
     ping_every_s: float = Field(default=10.0, gt=0,
@@ -44,6 +45,9 @@ class GatewaySettings(CommonSettings):
     buffer_frames: int = Field(default=10_000, ge=1,
                                description="Frames buffered per shard while NATS is away; when full "
                                "the gateway stops reading from the shard (back-pressure).")
+    buffer_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024,
+                              description="Bytes of frames held per shard until JetStream has them; when "
+                              "reached the gateway stops reading from the shard (back-pressure).")
     command_timeout_s: float = Field(default=5.0, gt=0,
                                      description="How long the shard has to answer a command (then 504).")
     board_bucket_prefix: str = Field(default="BOARD",

@@ -17,7 +17,7 @@ from shared.subjects import is_shard_id
 MAX_KIND_CHARS = 128
 """Longest ``kind`` that may become a subject tail."""
 
-_SAFE_KIND = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+_SAFE_KIND = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 
 
 class LineTooLong(Exception):
@@ -46,13 +46,47 @@ async def read_line(reader: asyncio.StreamReader, cap: int) -> bytes | None:
     return line.rstrip(b"\n").rstrip(b"\r")
 
 
+class _NotInterchangeable(ValueError):
+    """JSON that RFC 8259 parsers do not all read the same way."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotInterchangeable(f"{name} is not JSON")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+        raise _NotInterchangeable(f"the key {twice[:40]!r} appears twice")
+    return obj
+
+
+_STRICT = json.JSONDecoder(parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
+"""Built once: ``json.loads`` with these options would build a decoder per line."""
+
+
 def parse_object(line: bytes) -> tuple[dict[str, Any] | None, str]:
-    """The line as a JSON object, or None and the reason it is not one."""
+    """The line as a JSON object, or None and the reason it is not one.
+
+    Only what every RFC 8259 parser reads the same way, since websites parse the frame
+    again (``JSON.parse``): UTF-8 without a byte-order mark (``json.loads`` would also
+    accept UTF-16/32 and a BOM), no ``NaN``/``Infinity``, no key twice (which one wins
+    differs between parsers)."""
     try:
-        value = json.loads(line)
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, "not UTF-8"
+    if text.startswith("\ufeff"):
+        return None, "starts with a byte-order mark"
+    try:
+        value = _STRICT.decode(text)
+    except _NotInterchangeable as exc:
+        return None, f"malformed JSON: {exc}"
     except RecursionError:
         return None, "malformed JSON: nested too deeply"
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, huge integers
+    except ValueError as exc:  # JSONDecodeError, huge integers
         return None, f"malformed JSON: {exc.__class__.__name__}"
     if not isinstance(value, dict):
         return None, f"not a JSON object ({type(value).__name__})"
@@ -62,7 +96,8 @@ def parse_object(line: bytes) -> tuple[dict[str, Any] | None, str]:
 def is_safe_kind(kind: object) -> bool:
     """True when ``kind`` may be a subject tail: dot-separated tokens of letters, digits,
     ``_`` and ``-`` (no wildcards, whitespace, empty tokens or other characters), not too long."""
-    return isinstance(kind, str) and len(kind) <= MAX_KIND_CHARS and _SAFE_KIND.match(kind) is not None
+    # fullmatch: ``$`` would also match before a trailing newline ("guild.update\n").
+    return isinstance(kind, str) and len(kind) <= MAX_KIND_CHARS and _SAFE_KIND.fullmatch(kind) is not None
 
 
 @dataclass(frozen=True)

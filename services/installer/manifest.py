@@ -32,7 +32,7 @@ _MODULE_ID = re.compile(rf"^{MODULE_ID_PATTERN}$")
 
 def is_module_id(value: object) -> bool:
     """True when ``value`` is a valid module id."""
-    return isinstance(value, str) and _MODULE_ID.match(value) is not None
+    return isinstance(value, str) and _MODULE_ID.fullmatch(value) is not None  # ``$`` passes "uo\n"
 
 
 class Manifest(BaseModel):

@@ -46,7 +46,7 @@ CleanupStatus = Literal[CLEANUP_STATUSES]  # type: ignore[valid-type]
 
 def is_module_name(value: object) -> bool:
     """True when ``value`` (e.g. a subject's last token) is a valid module name."""
-    return isinstance(value, str) and _MODULE_NAME.match(value) is not None
+    return isinstance(value, str) and _MODULE_NAME.fullmatch(value) is not None  # ``$`` passes "uo\n"
 
 
 _MODULE_NAME = re.compile(ID_PATTERN)

@@ -58,7 +58,7 @@ async def start_gateway(nats_url: str) -> AsyncIterator[StartGateway]:
         gateway = Gateway(nc, settings)
         await gateway.start()
         server = await asyncio.start_server(gateway.handle, "127.0.0.1", 0,
-                                            limit=settings.max_line_bytes + 1)
+                                            limit=gateway.line_cap + 1)
         running = RunningGateway(gateway, server, nc, settings)
         started.append(running)
         return running

@@ -59,7 +59,7 @@ BAD_LINES = [
     (b'{"kind": "' + b"k" * 200 + b'"}', "not a safe subject tail"),
     (b'{"kind": 7}', "not a safe subject tail"),
     (b'{"kind": "x", ', "malformed JSON"),
-    (b"\xff\xfe garbage", "malformed JSON"),
+    (b"\xff\xfe garbage", "not UTF-8"),
     (b"[" * 100_000 + b"]" * 100_000, "malformed JSON"),
     (b"[1, 2]", "not a JSON object"),
     (b'"just text"', "not a JSON object"),
