@@ -5,6 +5,7 @@ COPY pyproject.toml README.md ./
 COPY shardbus ./shardbus
 COPY shared ./shared
 COPY services ./services
+COPY simulator ./simulator
 RUN pip install --no-cache-dir . \
     && useradd --system --uid 10001 shardbus \
     && mkdir -p /var/lib/shardbus/modules && chown -R shardbus /var/lib/shardbus

@@ -23,27 +23,36 @@ def settings_class(service: str) -> type[BaseSettings]:
     return getattr(importlib.import_module(module), name)
 
 
-def all_settings() -> dict[str, tuple[str, object, str]]:
-    """``ENV_NAME -> (who reads it, default, description)`` for every setting."""
-    rows: dict[str, tuple[str, object, str]] = {}
+def all_settings() -> dict[str, list[tuple[str, object, str]]]:
+    """``ENV_NAME -> [(who reads it, default, description), …]`` for every setting: one entry
+    when every service reading it agrees, one per service where defaults or meanings differ
+    (``SHARDBUS_COMMAND_TIMEOUT_S`` is 5 s to the gateway and 15 s to cleanup)."""
+    rows: dict[str, list[tuple[str, object, str]]] = {}
     for name, field in CommonSettings.model_fields.items():
-        rows[ENV_PREFIX + name.upper()] = ("all", field.default, field.description or "")
+        rows[ENV_PREFIX + name.upper()] = [("all", field.default, field.description or "")]
     for service in SETTINGS_CLASSES:
         for name, field in settings_class(service).model_fields.items():
             env = ENV_PREFIX + name.upper()
-            if env in rows and rows[env][0] == "all":
+            entries = rows.setdefault(env, [])
+            if entries and entries[0][0] == "all":
                 continue
-            who = rows[env][0] + ", " + service if env in rows else service
-            rows[env] = (who, field.default, field.description or "")
+            same = next((i for i, (_, default, description) in enumerate(entries)
+                         if default == field.default and description == (field.description or "")), None)
+            if same is None:
+                entries.append((service, field.default, field.description or ""))
+            else:
+                who, default, description = entries[same]
+                entries[same] = (f"{who}, {service}", default, description)
     return rows
 
 
 def markdown_table() -> str:
-    """The settings as a Markdown table (the README embeds it)."""
+    """The settings as a Markdown table (the README embeds it): one row per meaning."""
     lines = ["| variable | read by | default | meaning |", "|---|---|---|---|"]
-    for env, (who, default, description) in sorted(all_settings().items()):
-        shown = "(secret)" if "TOKEN" in env or "PASSWORD" in env else f"`{default}`"
-        lines.append(f"| `{env}` | {who} | {shown} | {description} |")
+    for env, entries in sorted(all_settings().items()):
+        for who, default, description in entries:
+            shown = "(secret)" if "TOKEN" in env or "PASSWORD" in env else f"`{default}`"
+            lines.append(f"| `{env}` | {who} | {shown} | {description} |")
     return "\n".join(lines)
 
 

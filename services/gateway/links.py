@@ -74,6 +74,8 @@ class ShardLink:
     outbox: list[bytes] = field(default_factory=list)
     rosters: RosterAssembler = field(default_factory=RosterAssembler)
     closed: bool = False
+    ending: str | None = None
+    """Why the gateway is ending this link, when it is the one ending it."""
 
     @property
     def shard(self) -> str:
@@ -195,6 +197,7 @@ class Gateway:
         """One TCP connection from hello to close."""
         peer = str(writer.get_extra_info("peername"))
         link: ShardLink | None = None
+        why = "the shard closed the connection"
         try:
             first = await asyncio.wait_for(read_line(reader, self.line_cap),
                                            self.settings.hello_timeout_s)
@@ -207,13 +210,15 @@ class Gateway:
             log.warning("hello refused", extra={"peer": peer, "reason": str(exc)})
             await _tell_refused(writer, str(exc))
         except (LineTooLong, TimeoutError, ConnectionError) as exc:
-            log.warning("connection closed", extra={"peer": peer, "reason": str(exc) or type(exc).__name__,
-                                                    "shard": link.shard if link else None})
-        except Exception:
+            why = str(exc) or type(exc).__name__
+            if link is None:  # a link's end is logged once, as "shard disconnected"
+                log.warning("connection closed", extra={"peer": peer, "reason": why})
+        except Exception as exc:
+            why = f"the gateway failed: {exc!r}"
             log.exception("connection failed", extra={"peer": peer})
         finally:
             if link is not None:
-                await self._detach(link, "connection ended")
+                await self._detach(link, link.ending or why)
             writer.close()
 
     async def _attach(self, hello: Hello, writer: asyncio.StreamWriter, first: bytes,
@@ -249,6 +254,10 @@ class Gateway:
 
     async def _detach(self, link: ShardLink, why: str) -> None:
         # Closed first: a command arriving until the unsubscription lands gets a 503 at once.
+        if not link.closed:
+            log.info("shard disconnected", extra={"shard": link.shard, "reason": why, "frames": link.frames,
+                                                  "deadLetters": link.dead_letters,
+                                                  "connectedForS": round(time.time() - link.connected_at, 3)})
         link.close(why)
         subscriptions, link.subscriptions = link.subscriptions, []
         try:
@@ -281,7 +290,7 @@ class Gateway:
         while not link.closed:
             await asyncio.sleep(min(self.settings.ping_every_s, timeout) / 4)
             if time.time() - link.last_line_at > timeout:
-                log.warning("connection closed", extra={"shard": link.shard, "reason": f"silent for {timeout} s"})
+                link.ending = f"silent for {timeout} s"  # logged once, as "shard disconnected"
                 link.writer.transport.abort()
                 return
             if time.monotonic() >= next_ping:

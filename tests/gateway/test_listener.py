@@ -160,3 +160,17 @@ async def test_frames_with_seq_are_acknowledged_and_a_resend_after_reconnect_is_
     got = await stored_frames(nc, sim.shard, 52)
     listings = [m for m in got if m.subject.endswith("vendor.listing")]
     assert len(listings) == 50 and len(got) == 52  # two hellos, every listing once
+
+
+async def test_every_disconnect_is_logged_once_with_its_reason(start_gateway, shard_sims, unique, caplog):
+    caplog.set_level("INFO", logger="shardbus.gateway")
+    running = await start_gateway(ping_every_s=0.1, silence_timeout_s=0.5)
+    mute = await shard_sims(running, f"m{unique}", answer_pings=False)
+    leaving = await shard_sims(running, f"l{unique}")
+    await leaving.send("bye")
+    await leaving.close()
+    await asyncio.wait_for(mute.disconnected.wait(), 5)
+    await wait_until(lambda: not {mute.shard, leaving.shard} & set(running.gateway.links))
+    ends = {r.shard: r.reason for r in caplog.records if r.getMessage() == "shard disconnected"}
+    assert ends == {mute.shard: "silent for 0.5 s", leaving.shard: "the shard closed the connection"}
+    assert not [r for r in caplog.records if r.getMessage() == "connection closed"]

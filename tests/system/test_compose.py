@@ -64,6 +64,23 @@ def test_the_readme_documents_every_setting():
     assert missing == []
 
 
+def test_a_setting_two_services_read_differently_shows_each_default_and_meaning():
+    # SHARDBUS_COMMAND_TIMEOUT_S is how long the gateway waits for the shard (5 s) and how long
+    # cleanup waits for a give-back through it (15 s); one row showed only cleanup's.
+    rows = [line for line in (ROOT / "README.md").read_text().splitlines()
+            if line.startswith("| `SHARDBUS_COMMAND_TIMEOUT_S` |")]
+    assert [(row.split("|")[2].strip(), row.split("|")[3].strip()) for row in rows] == [
+        ("gateway", "`5.0`"), ("cleanup", "`15.0`")]
+
+
+def test_the_image_copies_every_package_the_project_installs():
+    # `shardbus shard-sim` in the image needs simulator/ (it was missing).
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    packages = ["shardbus", "shared", "services", "simulator"]
+    assert [p for p in packages if f"COPY {p} ./{p}" not in dockerfile] == []
+    assert '"simulator*"' in (ROOT / "pyproject.toml").read_text()
+
+
 def _compose_command() -> list[str] | None:
     """``docker compose`` (v2) if the plugin is there, else ``docker-compose`` (v1), else None."""
     if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True,
