@@ -17,6 +17,7 @@ from services.installer.site_installer import SiteInstaller
 from services.installer.site_lock import SiteLock, open_bucket
 from shared import replies, subjects
 from shared.broker import add_health, make_app, make_broker
+from shared.logs import redact
 from shared.nats_connect import connection_name
 
 log = logging.getLogger("shardbus.installer")
@@ -88,7 +89,13 @@ def create_app(settings: InstallerSettings | None = None) -> FastStream:
                 await broker.publish({"requestId": request.request_id, "stage": stage, "done": done,
                                       "total": total}, subjects.installer_progress(request.request_id))
 
-        result = await installer().install(request.url, progress)
+        try:
+            result = await installer().install(request.url, progress)
+        except Refused as exc:
+            # On the server too, not only in the reply: a sha256 mismatch may be tampering.
+            log.warning("install refused", extra={"url": redact(request.url), "status": exc.status,
+                                                  "reason": exc.message})
+            raise
         if result["action"] != "unchanged":
             await broker.publish({"type": result["action"], "module": result["module"],
                                   "previous": result["previous"]}, subjects.INSTALLER_EVENTS)
@@ -96,7 +103,12 @@ def create_app(settings: InstallerSettings | None = None) -> FastStream:
 
     @broker.subscriber(subjects.INSTALLER_REMOVE, queue="installer", max_workers=settings.install_concurrency)
     async def remove(request: RemoveRequest) -> dict[str, Any]:
-        result = await installer().remove(request.id)
+        try:
+            result = await installer().remove(request.id)
+        except Refused as exc:
+            log.warning("remove refused", extra={"module_id": request.id[:64], "status": exc.status,
+                                                 "reason": exc.message})
+            raise
         await broker.publish({"type": "removed", "module": result["removed"]}, subjects.INSTALLER_EVENTS)
         return replies.ok(**result, replica=replica)
 

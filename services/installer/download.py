@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import re
 import ssl
 import time
 from collections.abc import Callable, Iterator
@@ -95,7 +96,14 @@ def _declared_length(response: http.client.HTTPResponse) -> int | None:
 
 
 def _excerpt(body: bytes) -> str:
-    text = body.decode("utf-8", errors="replace").strip()
+    """An upstream error body as one line: an HTML page by its title (or its text without
+    tags), white space folded; a release host's 404 page is not 13 lines of markup."""
+    text = body.decode("utf-8", errors="replace")
+    if re.match(r"\s*<", text):
+        title = re.search(r"<title[^>]*>(.*?)</title>", text, re.IGNORECASE | re.DOTALL)
+        text = title.group(1) if title else re.sub(r"<[^>]*>", " ", re.sub(
+            r"<(script|style)[^>]*>.*?</\1>", " ", text, flags=re.IGNORECASE | re.DOTALL))
+    text = " ".join(text.split())
     return text[:BODY_EXCERPT_CHARS] + ("…" if len(text) > BODY_EXCERPT_CHARS else "")
 
 

@@ -30,6 +30,16 @@ async def test_a_4xx_is_a_400_with_the_upstream_body_and_is_not_retried(site, re
     assert releases.hits[f"/{unique}/gone.json"] == 1
 
 
+async def test_an_html_error_page_is_quoted_by_its_title_on_one_line(site, releases, unique):
+    page = (b"<!DOCTYPE html>\n<html>\n<head>\n  <title>404 Not Found - Release Host</title>\n"
+            b"  <style>body { color: red }</style>\n</head>\n<body>\n  <h1>Not Found</h1>\n"
+            b"  <p>The page you asked for\n  is not here.</p>\n</body>\n</html>\n")
+    url = releases.serve(f"/{unique}/missing.json", page, status=404)
+    refused = await _refusal(site, url)
+    assert refused.message.endswith("answered 404: 404 Not Found - Release Host")
+    assert "\n" not in refused.message and "<" not in refused.message
+
+
 async def test_a_5xx_is_retried_then_a_502_with_the_upstream_body(site, releases, unique):
     url = releases.serve(f"/{unique}/broken.json", b"database on fire", status=500)
     refused = await _refusal(site, url)

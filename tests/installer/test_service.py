@@ -42,6 +42,18 @@ async def test_install_list_and_remove_over_nats_with_progress_and_events(servic
     assert [(e["type"], e["module"]["id"]) for e in seen] == [("installed", "uo-events"), ("removed", "uo-events")]
 
 
+async def test_a_refused_install_leaves_a_trace_on_the_server(services, settings, releases, nc, unique):
+    # A sha256 mismatch may be tampering: the reply tells the caller, and the log tells the operator.
+    process = services.start("installer", **service_settings(settings))
+    url = releases.release(f"/{unique}", "uo-events", "1.4.0")
+    releases.routes[f"/{unique}/uo-events-1.4.0.tar.gz"].body += b"tampered"
+    reply = await _ask(nc, subjects.INSTALLER_INSTALL, {"url": url})
+    assert reply["status"] == 400 and "sha256" in reply["error"]
+    logged = [json.loads(line) for line in process.log().splitlines() if '"install refused"' in line]
+    assert [(e["level"], e["status"], e["url"]) for e in logged] == [("warning", 400, url)]
+    assert "sha256" in logged[0]["reason"]
+
+
 async def test_bad_requests_get_a_400_naming_the_field(services, settings, nc):
     services.start("installer", **service_settings(settings))
     no_url = await _ask(nc, subjects.INSTALLER_INSTALL, {})
