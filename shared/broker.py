@@ -4,6 +4,12 @@ become replies, and the health subject.
 Without an exception middleware FastStream sends *no* reply when a request fails validation
 or its handler raises, so the caller would wait for its timeout. Here every such request is
 answered: a validation error with a 400 naming the fields, anything unexpected with a 500.
+
+Before any of that, :class:`DirectOnly` drops every message that was not sent to the
+subscription directly (shared/delivery.py: a JetStream push consumer's delivery, a reply to a
+``$`` subject): it is neither handled nor answered. And a connection nats-py closes for good
+while the service runs ends the process (:class:`shared.nats_connect.ClosedForGood`), so a
+supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -13,16 +19,20 @@ import logging
 import os
 import socket
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from faststream import ExceptionMiddleware, FastStream
+from faststream import BaseMiddleware, ExceptionMiddleware, FastStream
+from faststream.exceptions import SkipMessage
 from faststream.nats import NatsBroker
+from faststream.nats.subscriber.usecases import CoreSubscriber
 from pydantic import ValidationError
 
 from shared import replies, subjects
-from shared.nats_connect import connect_options
+from shared.delivery import is_direct, why_not_direct
+from shared.nats_connect import ClosedForGood, connect_options
 from shared.settings import CommonSettings
 
 log = logging.getLogger("shardbus.broker")
@@ -42,6 +52,61 @@ def _internal_reply(exc: Exception) -> dict[str, Any]:
     return replies.fail(500, f"internal error ({type(exc).__name__}); the service logged the details")
 
 
+REFUSAL_LOG_EVERY_S = 10.0
+"""At most one log line per subscription this often about messages refused as not direct."""
+
+
+class DirectOnly:
+    """Broker middleware: a core-NATS subscriber handles only messages sent to it directly.
+
+    A message whose subject does not match the subscription (a JetStream push consumer's
+    delivery keeps its stream subject), whose reply is a ``$`` subject (``$JS.ACK.…``) or that
+    is a JetStream status message is dropped before any other middleware: no handler runs, no
+    reply is sent (an answer would acknowledge the delivery, or write where the reply points).
+    JetStream and key-value subscribers, which expect stream subjects, are left alone."""
+
+    def __init__(self, service: str) -> None:
+        self.log = logging.getLogger(f"shardbus.{service}")
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def __call__(self, msg: Any, /, *, context: Any) -> BaseMiddleware:
+        return _DirectOnly(msg, context=context, gate=self)
+
+    def refused(self, pattern: str, why: str, subject: str) -> None:
+        """Count a refusal; log it, at most once per subscription every REFUSAL_LOG_EVERY_S."""
+        now = time.monotonic()
+        last, count = self._last.get(pattern, (float("-inf"), 0))
+        if now - last < REFUSAL_LOG_EVERY_S:
+            self._last[pattern] = (last, count + 1)
+            return
+        self._last[pattern] = (now, 0)
+        self.log.warning("refused a message not sent to this subject directly",
+                         extra={"subscription": pattern, "msg_subject": subject, "why": why,
+                                "refused_since_last_line": count})
+
+
+class _DirectOnly(BaseMiddleware):
+    def __init__(self, msg: Any, /, *, context: Any, gate: DirectOnly) -> None:
+        super().__init__(msg, context=context)
+        self.gate = gate
+
+    async def on_receive(self) -> None:
+        handler = self.context.get_local("handler_")
+        if not isinstance(handler, CoreSubscriber):
+            return
+        sub = getattr(handler, "subscription", None)
+        pattern = getattr(sub, "subject", None) or handler.subject.broker_address
+        msg = self.msg
+        subject, reply, headers = getattr(msg, "subject", ""), getattr(msg, "reply", ""), getattr(msg, "headers", None)
+        if not is_direct(subject, pattern, reply, headers):
+            self.gate.refused(pattern, why_not_direct(subject, pattern, reply, headers), subject)
+            raise SkipMessage  # FastStream drops it: no handler, no reply
+
+
+_closed_guards: weakref.WeakKeyDictionary[NatsBroker, ClosedForGood] = weakref.WeakKeyDictionary()
+"""Each service broker's ``closed_cb``, which :func:`make_app` arms while the app runs."""
+
+
 def make_broker(settings: CommonSettings, service: str,
                 error_replies: dict[type[Exception], ErrorHandler] | None = None) -> NatsBroker:
     """A broker for ``service``: named, reconnecting for ever, and answering every request.
@@ -57,21 +122,69 @@ def make_broker(settings: CommonSettings, service: str,
         publish_handlers={exc: (lambda e, _h=h: _h(e)) for exc, h in handlers.items()}
     )
     servers = settings.nats_servers()
-    return NatsBroker(
+    closed = ClosedForGood(service)
+    broker = NatsBroker(
         servers,
-        middlewares=[middleware],
+        # DirectOnly first: a refused message must not reach the exception middleware (whose
+        # answer would go to the refused message's reply).
+        middlewares=[DirectOnly(service), middleware],
         logger=logging.getLogger(f"shardbus.{service}.faststream"),
         # FastStream's "Received"/"Processed" lines per message, at DEBUG: at INFO they were
         # two log lines per ledger request (1.2 MB in a 10-minute soak) for nothing an
         # operator reads. Errors are still logged at their own level.
         log_level=logging.DEBUG,
+        closed_cb=closed.on_closed,
+        graceful_timeout=STOP_GRACE_S,  # the stop: in-flight requests' time to finish
         **connect_options(service, settings.reconnect_wait_s, settings.reconnect_wait_max_s, servers),
     )
+    closed.reason = lambda: broker.connection.last_error
+    _closed_guards[broker] = closed
+    return broker
+
+
+class ServiceApp(FastStream):
+    """A FastStream app whose broker's connection closing for good (while it runs and is not
+    stopping) stops it in order and makes ``run`` end with ``SystemExit(75)``."""
+
+    fatal_exit_code: int | None = None
+
+    async def run(self, *args: Any, **kwargs: Any) -> None:
+        guards = [g for b in self.brokers if (g := _closed_guards.get(b)) is not None]
+        for guard in guards:
+            guard.arm(self._closed_for_good)
+        try:
+            await super().run(*args, **kwargs)
+        finally:
+            for guard in guards:
+                guard.disarm()
+            if self.fatal_exit_code is not None:
+                raise SystemExit(self.fatal_exit_code)
+
+    def _closed_for_good(self, exit_code: int) -> None:
+        self.fatal_exit_code = exit_code
+        self.exit()
+
+    def disarm_closed_guards(self) -> None:
+        """A stop begins: the broker's close is expected from now on."""
+        for broker in self.brokers:
+            if (guard := _closed_guards.get(broker)) is not None:
+                guard.disarm()
 
 
 def make_app(broker: NatsBroker, service: str) -> FastStream:
-    """The FastStream app around ``broker``, logging through our one-line JSON logs."""
-    return FastStream(broker, logger=logging.getLogger(f"shardbus.{service}.faststream"))
+    """The FastStream app around ``broker``, logging through our one-line JSON logs; a NATS
+    connection closed for good while it runs ends the process (:class:`ServiceApp`)."""
+    app = ServiceApp(broker, logger=logging.getLogger(f"shardbus.{service}.faststream"))
+    # The first shutdown hook: from here on the broker's close (its drain) is expected.
+    app.on_shutdown(app.disarm_closed_guards)
+    app.on_shutdown(_drain_or_let_go(broker))  # the stop's drain, bounded when NATS is away
+    return app
+
+
+async def _no_body(_msg: Any) -> None:
+    """The decoder of subjects that take no body: whatever is sent (even JSON nested deeper than
+    Python reads, a RecursionError) is not read, so it cannot turn the answer into a 500."""
+    return None
 
 
 def add_health(app: FastStream, broker: NatsBroker, service: str, settings: CommonSettings,
@@ -80,14 +193,14 @@ def add_health(app: FastStream, broker: NatsBroker, service: str, settings: Comm
     and, if configured, keep the health file fresh."""
     started = time.monotonic()
 
-    @broker.subscriber(subjects.health(service), queue=f"{service}-health")
+    @broker.subscriber(subjects.health(service), queue=f"{service}-health", decoder=_no_body)
     async def health() -> dict[str, Any]:
         extra = details() if details else {}
         return replies.ok(service=service, pid=os.getpid(),
                           uptime_s=round(time.monotonic() - started, 3), **extra)
 
     # No queue group: every replica answers, so ``shardbus status`` can count them.
-    @broker.subscriber(subjects.PING)
+    @broker.subscriber(subjects.PING, decoder=_no_body)
     async def ping() -> dict[str, Any]:
         return replies.ok(service=service, pid=os.getpid(), host=socket.gethostname(),
                           uptime_s=round(time.monotonic() - started, 3))
@@ -120,3 +233,51 @@ def health_file_is_fresh(path: str, max_age_s: float = 3 * HEARTBEAT_EVERY_S) ->
         return time.time() - float(Path(path).read_text().strip()) <= max_age_s
     except (OSError, ValueError):
         return False
+
+
+# --- the stop ------------------------------------------------------------------------------
+
+STOP_GRACE_S = 5.0
+"""How long a stopping service lets the requests it is handling finish (FastStream's graceful
+timeout; the ledger's statements are bounded well inside it) before cancelling them."""
+
+NATS_PROBE_S = 1.0
+"""At the stop's drain, a NATS that does not answer a PING within this is away."""
+
+NATS_CLOSE_S = 2.0
+"""Longest the stop waits for a connection to NATS that is away to close."""
+
+
+def _drain_or_let_go(broker: NatsBroker) -> Callable[[], Any]:
+    """A shutdown hook making the broker's final drain bounded. FastStream's stop drains the
+    connection, which with NATS away either fails at once (reconnecting) or — NATS hung or cut
+    off while the socket looks alive — waits out nats-py's flush and drain timeouts (10 s and
+    30 s) and fails with a traceback. Armed by this hook, the drain first PINGs NATS
+    (:data:`NATS_PROBE_S`): answered, it drains as before; not, it closes the connection
+    (within :data:`NATS_CLOSE_S`; nothing can be delivered anyway) and the stop goes on,
+    shutdown hooks included."""
+
+    async def arm() -> None:
+        nc = broker._connection
+        if nc is None:
+            return
+        drain = nc.drain
+
+        async def drain_or_close() -> None:
+            if nc.is_connected:
+                try:
+                    await nc.flush(timeout=NATS_PROBE_S)
+                except Exception:  # noqa: BLE001 — no PONG in time, or the connection broke: away
+                    pass
+                else:
+                    await drain()
+                    return
+            log.warning("NATS is away while stopping: closing the connection without draining it")
+            try:
+                await asyncio.wait_for(nc.close(), NATS_CLOSE_S)
+            except Exception as exc:  # noqa: BLE001 — it is going away either way
+                log.warning("could not close the NATS connection cleanly", extra={"reason": repr(exc)})
+
+        nc.drain = drain_or_close
+
+    return arm

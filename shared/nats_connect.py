@@ -4,18 +4,37 @@ nats-py waits a fixed ``reconnect_time_wait`` between attempts. Its
 ``reconnect_to_server_handler`` hook lets us pick the least-tried server and a delay that
 doubles with each failed attempt, capped — so a long outage is not a busy loop and a short
 one is bridged quickly. FastStream's ``NatsBroker`` takes the same options.
+
+A reconnecting client still closes *for good* on some server errors (nats-py treats any
+``-ERR`` but a permissions violation or a stale connection as fatal: a publish over
+``max_payload``, an authorization revoked by a reload…). A service whose connection is gone
+for good answers nothing, yet its process lives on, so no supervisor restarts it.
+:class:`ClosedForGood` is the ``closed_cb`` that turns such a close into the end of the
+process (``shared/broker.py`` arms it while a service runs).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
+import threading
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 import nats
 from nats.aio.client import Client
+
+log = logging.getLogger("shardbus.nats")
+
+FATAL_CLOSE_EXIT_CODE = 75
+"""How a service exits when its NATS connection closed for good (EX_TEMPFAIL: try again —
+compose's ``restart: unless-stopped`` and ``shardbus up`` restart it)."""
+
+FATAL_CLOSE_STOP_S = 10.0
+"""How long an orderly stop after such a close may take before the process ends anyway."""
 
 
 def connection_name(service: str) -> str:
@@ -73,3 +92,57 @@ async def connect(servers: list[str] | str, service: str, *, first_wait_s: float
     options = connect_options(service, first_wait_s, max_wait_s, servers)
     options.update(extra)
     return await nats.connect(servers, **options)
+
+
+class ClosedForGood:
+    """The nats-py ``closed_cb`` (:meth:`on_closed`) of a service's connection: while *armed*
+    (the service runs and is not stopping), a close means the client gave up for good, which is
+    fatal.
+
+    When it fires it logs one line (CRITICAL, with the client's last error as ``reason``) and
+    calls ``on_fatal`` (the app stops in order and exits with :data:`FATAL_CLOSE_EXIT_CODE`);
+    whatever happens then, the process ends within :data:`FATAL_CLOSE_STOP_S`. Disarmed (a
+    stop under way, or a connection no app runs, as in tests), a close is nobody's business."""
+
+    def __init__(self, service: str, reason: Callable[[], object] | None = None) -> None:
+        self.service = service
+        self.reason = reason or (lambda: None)
+        self.on_fatal: Callable[[int], None] | None = None
+        self.fired = False
+        self.watchdog: threading.Timer | None = None
+        """Ends the process if the orderly stop after a fatal close takes too long."""
+
+    @property
+    def armed(self) -> bool:
+        return self.on_fatal is not None
+
+    def arm(self, on_fatal: Callable[[int], None]) -> None:
+        """From now on a close ends the process: ``on_fatal(exit_code)`` is asked to stop it."""
+        self.on_fatal = on_fatal
+
+    def disarm(self) -> None:
+        """The service is stopping (or not run by an app): a close is expected."""
+        self.on_fatal = None
+
+    async def on_closed(self) -> None:
+        """The ``closed_cb`` (nats-py wants a coroutine function, not a callable object)."""
+        on_fatal = self.on_fatal
+        if on_fatal is None or self.fired:
+            return
+        self.fired = True
+        try:
+            reason = self.reason()
+        except Exception as exc:  # noqa: BLE001 — the reason is for the log line only
+            reason = exc
+        log.critical("NATS connection closed for good; exiting so the supervisor restarts the service",
+                     extra={"reason": repr(reason) if reason is not None else "unknown",
+                            "exit_code": FATAL_CLOSE_EXIT_CODE})
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        self.watchdog = threading.Timer(FATAL_CLOSE_STOP_S, os._exit, args=(FATAL_CLOSE_EXIT_CODE,))
+        self.watchdog.daemon = True
+        self.watchdog.start()
+        try:
+            on_fatal(FATAL_CLOSE_EXIT_CODE)
+        except Exception:  # noqa: BLE001 — nothing may keep a dead service alive
+            os._exit(FATAL_CLOSE_EXIT_CODE)

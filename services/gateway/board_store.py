@@ -18,8 +18,20 @@ from nats.js.kv import KeyValue
 
 from services.gateway.boards import BOARDS, bucket_name, fold, item_key
 from shared import subjects
+from shared.delivery import is_direct, why_not_direct
 
 log = logging.getLogger("shardbus.gateway.boards")
+
+
+def direct(msg: Msg, pattern: str) -> bool:
+    """Act on a message only if it was sent to the subscription ``pattern`` directly — not put
+    there by a JetStream push consumer somebody pointed at it, nor asking for a reply on a ``$``
+    subject (shared/delivery.py); anything else is logged and left unanswered."""
+    if is_direct(msg.subject, pattern, msg.reply, msg.headers):
+        return True
+    log.warning("message refused", extra={"subject": msg.subject[:200], "subscription": pattern,
+                                          "reason": why_not_direct(msg.subject, pattern, msg.reply, msg.headers)})
+    return False
 
 WRITE_QUEUE = 10_000
 """Board writes buffered per shard; when full the shard's reader waits (back-pressure)."""
@@ -165,6 +177,8 @@ class BoardStore:
         return entries
 
     async def _on_board_read(self, msg: Msg) -> None:
+        if not direct(msg, subjects.BOARD_WILDCARD):
+            return
         _, shard, _, board = msg.subject.split(".", 3)
         if board not in self.buckets:
             reply: dict[str, Any] = {"status": 404, "error": f"no board named {board!r}; boards: "
@@ -180,6 +194,8 @@ class BoardStore:
     # --- news -------------------------------------------------------------------------
 
     async def _on_news_add(self, msg: Msg) -> None:
+        if not direct(msg, subjects.NEWS_ADD_WILDCARD):
+            return
         shard = msg.subject.split(".")[1]
         try:
             item = json.loads(msg.data or b"{}")

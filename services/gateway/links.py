@@ -25,7 +25,7 @@ from nats.js.api import StreamConfig
 from nats.js.errors import BadRequestError
 
 from services.gateway import command_plane
-from services.gateway.board_store import BoardStore, news_line
+from services.gateway.board_store import BoardStore, direct, news_line
 from services.gateway.boards import RosterAssembler, board_ops
 from services.gateway.command_plane import CommandRejected
 from services.gateway.publisher import Outgoing, ShardPublisher
@@ -230,15 +230,19 @@ class Gateway:
         link = ShardLink(hello, writer)
         self.links[hello.shard] = link
 
+        commands, announcements = subjects.command_wildcard(hello.shard), subjects.news_announce(hello.shard)
+
         async def on_command(msg: Msg) -> None:
             # Each command in its own task: nats-py runs a subscription's callbacks one by one.
-            self._spawn(self._command(link, msg))
+            if direct(msg, commands):
+                self._spawn(self._command(link, msg))
 
         async def on_news(msg: Msg) -> None:
-            self._spawn(link.send(news_line(json.loads(msg.data), announce=True)))
+            if direct(msg, announcements):
+                self._spawn(link.send(news_line(json.loads(msg.data), announce=True)))
 
-        link.subscriptions = [await self.nc.subscribe(subjects.command_wildcard(hello.shard), cb=on_command),
-                              await self.nc.subscribe(subjects.news_announce(hello.shard), cb=on_news)]
+        link.subscriptions = [await self.nc.subscribe(commands, cb=on_command),
+                              await self.nc.subscribe(announcements, cb=on_news)]
         try:  # the server knows the subscriptions before the shard counts as connected
             await self.nc.flush(timeout=2)
         except Exception:

@@ -159,3 +159,29 @@ async def test_frames_held_while_nats_is_away_are_bounded_in_bytes_and_none_is_l
     await asyncio.wait_for(pushing, 60)
     await sim.wait_acked(timeout=60)
     assert sent == 40 and publisher.held_bytes == 0
+
+
+async def test_a_jetstream_delivery_pointed_at_a_gateway_subject_is_refused(gateway, shard_sims, nc, unique,
+                                                                            caplog):
+    # A website may create consumers on the board buckets it watches, and nats-server does not
+    # check that it may publish to the deliver subject it names: it could have JetStream deliver
+    # any entry it can read to a subject the gateway listens on literally (the shard's news
+    # announcements). Such a message keeps its stream subject and carries a $JS.ACK reply; the
+    # gateway acts on neither. (A push consumer delivers only to a literal subscription, so the
+    # command plane's shard.<s>.cmd.> is out of its reach; the check guards every callback.)
+    from nats.js.api import ConsumerConfig, DeliverPolicy
+
+    caplog.set_level("WARNING", logger="shardbus.gateway.boards")
+    sim = await shard_sims(gateway, f"f{unique}")
+    await nc.request(subjects.news_add(sim.shard), b'{"id":"n1","title":"Fair"}', timeout=5)
+    await wait_until(lambda: len(sim.news) == 1)
+    js = nc.jetstream()
+    stream = f"KV_{gateway.settings.board_bucket_prefix}_NEWS"
+    await js.add_consumer(stream, ConsumerConfig(deliver_subject=subjects.news_announce(sim.shard),
+                                                 deliver_policy=DeliverPolicy.ALL,
+                                                 filter_subject=f"$KV.{stream[3:]}.{sim.shard}.>"))
+    await wait_until(lambda: any(r.getMessage() == "message refused" for r in caplog.records))
+    await asyncio.sleep(0.3)
+    assert len(sim.news) == 1  # the forged delivery never reached the shard
+    refusal = next(r for r in caplog.records if r.getMessage() == "message refused")
+    assert "stream subject" in refusal.reason

@@ -6,6 +6,11 @@ environment as compose gives them:
   module's subject is refused by the server, and the other module's row stays as it was;
 - the website cannot forge a frame, a sweep transition or an expiry, but reads frames (live,
   replayed, boards) and sends commands and ledger requests;
+- nor can it forge a ledger or cleanup request through a JetStream push consumer delivering
+  its news item to ledger.sweep.claim (the services refuse what JetStream delivered, and any
+  request whose reply is a ``$`` subject, the gateway's own nats-py subscriptions too), while
+  its own kv.watch works; its JetStream API reaches only frames, dead letters and the boards,
+  not the installer's lock bucket;
 - every service does its job under its own user (real processes): a shard's hello and frames
   reach the website, a run is created, cleanup gives a creature back through the gateway,
   the installer lists, and ``shardbus status`` runs as the operator;
@@ -511,3 +516,189 @@ async def test_every_service_does_its_job_under_its_own_user(secure_nats, connec
 async def _board(website: User) -> list[dict[str, Any]]:
     reply = await website.ask(subjects.board("uoa", "guilds"))
     return reply.get("items") or []
+
+
+# --- the website and JetStream (after the tests above: the services started here create the
+# streams, whose subjects would overlap the test streams created above) ---------------------
+
+WEBSITE_STREAMS = ("SHARD_FRAMES", "SHARD_DEADLETTER", "KV_BOARD_GUILDS", "KV_BOARD_MARKET",
+                   "KV_BOARD_HOUSES", "KV_BOARD_CHAMPIONS", "KV_BOARD_NEWS")
+"""The streams the website reads (frames, dead letters, the boards' buckets), and no other."""
+
+BOARD_BUCKETS = ("BOARD_GUILDS", "BOARD_MARKET", "BOARD_HOUSES", "BOARD_CHAMPIONS", "BOARD_NEWS")
+
+REFUSED_LINE = "refused a message not sent to this subject directly"
+"""What a service logs when it drops a message JetStream (or a ``$`` reply) put on its subject."""
+
+
+async def _push_consumer(user: User, stream: str, name: str, filter_subject: str, deliver_to: str,
+                         group: str) -> dict[str, Any]:
+    """Create a push consumer as ``user`` (the request nats.js would send), delivering to
+    ``deliver_to`` in the queue group ``group``."""
+    config = {"name": name, "deliver_subject": deliver_to, "deliver_group": group, "filter_subject": filter_subject,
+              "ack_policy": "explicit", "deliver_policy": "all"}
+    return await user.ask(f"$JS.API.CONSUMER.CREATE.{stream}.{name}", {"stream_name": stream, "config": config})
+
+
+async def test_the_website_cannot_have_jetstream_deliver_its_news_as_ledger_or_cleanup_requests(
+        secure_nats, connect, database_url, tmp_path):
+    """The website writes a news item (shard.<s>.news.add: the gateway stores it in BOARD_NEWS)
+    and creates a push consumer on KV_BOARD_NEWS delivering it to ledger.sweep.claim in the
+    ledger's queue group, then to ledger.sweep.reverted, then to cleanup.sweep in cleanup's.
+    nats-server does not check a consumer's deliver subject, so each arrives — with its stream
+    subject and a $JS.ACK reply, which every service refuses: the confirmed row stays confirmed,
+    nobody sweeps. Nor does a request whose reply is a $KV subject make the ledger write a
+    board entry. The website's own kv.watch still works."""
+    services = ServiceProcesses(tmp_path, "")
+    try:
+        for name, settings in (("gateway", {"shard_token": secrets.token_urlsafe(16), "shard_port": "0"}),
+                               ("ledger", {"database_url": database_url}),
+                               ("cleanup", {"sweep_period_s": "600", "reconcile_period_s": "600"})):
+            services.nats_url = secure_nats.url(name)
+            services.start(name, **settings)
+        website = await connect("website")
+        shard = f"f{secrets.token_hex(4)}"
+
+        run = (await website.ask(subjects.LEDGER_RUN_CREATE, {"shard": shard, "event": "invasion"}))["run"]
+        recorded = await website.ask(subjects.LEDGER_RESOURCE_RECORD, {
+            "runId": run["runId"], "module": "events", "kind": "zone", "ref": "z1", "idempotencyKey": "rec-z1"})
+        assert recorded["status"] == 200, recorded
+        resource_id = recorded["resource"]["resourceId"]
+        for status in ("running", "completed"):
+            assert (await website.ask(subjects.LEDGER_RUN_STATUS, {"runId": run["runId"], "status": status}))["status"] == 200
+        changes = await listen(website, subjects.ledger_run_events(run["runId"]))
+        swept = await listen(website, subjects.CLEANUP_SWEPT)
+
+        # The website's kv.watch (an ordered push consumer to its own inbox) works...
+        news = await website.nc.jetstream().key_value("BOARD_NEWS")
+        watcher = await news.watch(f"{shard}.>")
+        assert await watcher.updates(timeout=5) is None  # nothing yet: the initial marker
+
+        forgeries = (("claim", {"runId": run["runId"], "limit": 10}, subjects.LEDGER_SWEEP_CLAIM, subjects.LEDGER_QUEUE),
+                     ("reverted", {"resourceId": resource_id}, subjects.LEDGER_SWEEP_REVERTED, subjects.LEDGER_QUEUE),
+                     ("sweep", {}, subjects.CLEANUP_SWEEP, "cleanup-workers"))
+        consumers = []
+        for news_id, body, deliver_to, group in forgeries:
+            added = await website.ask(subjects.news_add(shard), {"id": news_id, "title": "hello", **body})
+            assert added["status"] == 200, added
+            entry = await watcher.updates(timeout=5)  # ...and sees each item
+            assert entry is not None and entry.key == f"{shard}.{news_id}.item"
+            name = f"forge{news_id}{secrets.token_hex(3)}"
+            created = await _push_consumer(website, "KV_BOARD_NEWS", name, f"$KV.BOARD_NEWS.{shard}.{news_id}.item",
+                                           deliver_to, group)
+            assert "error" not in created, created  # the server lets it: the services must refuse
+            consumers.append(name)
+            await asyncio.sleep(1.0)  # delivered (and, unrefused, handled) before the next one
+        await watcher.stop()
+
+        # Not answered either: a request whose reply would make the ledger write a board entry.
+        forged_key = f"{shard}.forged.item"
+        await website.nc.publish(subjects.LEDGER_CONSOLE, json.dumps({"runId": run["runId"]}).encode(),
+                                 reply=f"$KV.BOARD_NEWS.{forged_key}")
+        await website.nc.flush(timeout=5)
+        await asyncio.sleep(NOT_DELIVERED_WAIT_S)
+
+        console = await website.ask(subjects.LEDGER_CONSOLE, {"runId": run["runId"]})
+        assert {r["ref"]: r["status"] for r in console["resources"]} == {"z1": "confirmed"}, console
+        assert changes.got == [] and swept.got == []
+        with pytest.raises(Exception, match="[Kk]ey ?[Nn]ot ?[Ff]ound|not found"):
+            await news.get(forged_key)
+        for consumer in consumers:
+            info = await website.nc.jetstream().consumer_info("KV_BOARD_NEWS", consumer)
+            assert info.delivered.stream_seq > 0 and info.ack_floor.stream_seq == 0, consumer  # delivered, refused
+            await website.nc.jetstream().delete_consumer("KV_BOARD_NEWS", consumer)
+        logs = {handle.name: handle.log() for handle in services.started}
+        assert REFUSED_LINE in logs["ledger"] and REFUSED_LINE in logs["cleanup"]
+        assert website.errors == []
+    finally:
+        services.stop_all()
+
+
+async def test_the_website_reads_its_streams_and_buckets_only(secure_nats, connect, tmp_path):
+    """Its JetStream API reaches frames, dead letters and the five boards (stream info, watch,
+    get, ordered replay) and nothing else: not the installer's lock bucket, not another stream."""
+    services = ServiceProcesses(tmp_path, "")
+    try:
+        for name, settings in (("gateway", {"shard_token": secrets.token_urlsafe(16), "shard_port": "0"}),
+                               ("installer", {"modules_dir": str(tmp_path / "modules")})):
+            services.nats_url = secure_nats.url(name)
+            services.start(name, **settings)
+        website, gateway = await connect("website"), await connect("gateway")
+        shard = f"r{secrets.token_hex(4)}"
+        gjs, wjs = gateway.nc.jetstream(), website.nc.jetstream()
+
+        # What it reads: every board (watch and get), frames and dead letters replayed.
+        for bucket in BOARD_BUCKETS:
+            await (await gjs.key_value(bucket)).put(f"{shard}.1.item", b'{"id":1}')
+            kv = await wjs.key_value(bucket)
+            assert (await kv.get(f"{shard}.1.item")).value == b'{"id":1}'
+            watcher = await kv.watch(f"{shard}.>")
+            entry = await watcher.updates(timeout=5)
+            assert entry is not None and entry.key == f"{shard}.1.item", bucket
+            await watcher.stop()
+        await gjs.publish(subjects.frame(shard, "guild.update"), b'{"kind":"guild.update"}')
+        await gjs.publish(subjects.deadletter(shard), b"not json")
+        for subject, stream in ((f"shard.{shard}.frame.>", "SHARD_FRAMES"), (subjects.deadletter(shard), "SHARD_DEADLETTER")):
+            replay = await wjs.subscribe(subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+            assert (await replay.next_msg(timeout=5)).subject.startswith(f"shard.{shard}.")
+            await replay.unsubscribe()
+            assert (await wjs.stream_info(stream)).config.name == stream
+        assert website.errors == []
+
+        # What it does not: the installer's lock bucket, or a stream of nobody's boards.
+        other = f"OTHER_{shard.upper()}"
+        await gjs.add_stream(name=other, subjects=[f"other.{shard}.>"])
+        try:
+            refused = []
+            for stream in ("KV_SHARDBUS_INSTALLER", other):
+                for subject in (f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.STREAM.MSG.GET.{stream}",
+                                f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}.$KV.SHARDBUS_INSTALLER.site",
+                                f"$JS.API.CONSUMER.CREATE.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}.peek",
+                                f"$JS.API.CONSUMER.CREATE.{stream}.peek.other.{shard}.x",
+                                f"$JS.API.CONSUMER.MSG.NEXT.{stream}.peek",
+                                f"$JS.API.CONSUMER.INFO.{stream}.peek", f"$JS.API.CONSUMER.DELETE.{stream}.peek",
+                                f"$JS.ACK.{stream}.peek.1.1.1.1.0", f"$JS.FC.{stream}.peek.x"):
+                    refused.append((subject, await website.refused(subject)))
+            assert [subject for subject, was in refused if not was] == []
+        finally:
+            await gjs.delete_stream(other)
+    finally:
+        services.stop_all()
+
+
+async def test_the_gateways_own_subscriptions_refuse_what_the_website_cannot_send(secure_nats, connect, tmp_path):
+    """The gateway's nats-py subscriptions (not FastStream's) refuse the same: a board read whose
+    reply is a $KV subject (the gateway may write the boards, so its answer would be a board
+    entry the website wrote), and frames JetStream delivers to shard.<s>.news.announce, which
+    the website may not publish (the shard would get them as news)."""
+    token, port = secrets.token_urlsafe(16), embedded.free_port()
+    services = ServiceProcesses(tmp_path, secure_nats.url("gateway"))
+    sim = None
+    try:
+        services.start("gateway", shard_token=token, shard_port=str(port))
+        website = await connect("website")
+        shard = f"g{secrets.token_hex(4)}"
+        sim = ShardSimulator("127.0.0.1", port, shard, token)
+        await sim.connect()
+        await sim.send("guild.update", id=7, name="Knights")
+        frames = await listen(website, f"shard.{shard}.frame.>")
+        await frames.wait_for(1)
+
+        await website.nc.publish(subjects.board(shard, "guilds"), b"{}", reply=f"$KV.BOARD_GUILDS.{shard}.forged.guild")
+        name = f"announce{secrets.token_hex(3)}"
+        config = {"name": name, "deliver_subject": subjects.news_announce(shard), "filter_subject": f"shard.{shard}.frame.>",
+                  "ack_policy": "none", "deliver_policy": "all"}
+        created = await website.ask(f"$JS.API.CONSUMER.CREATE.SHARD_FRAMES.{name}",
+                                    {"stream_name": "SHARD_FRAMES", "config": config})
+        assert "error" not in created, created
+        await asyncio.sleep(1.0)
+        await website.nc.jetstream().delete_consumer("SHARD_FRAMES", name)
+
+        guilds = await website.nc.jetstream().key_value("BOARD_GUILDS")
+        with pytest.raises(Exception, match="[Kk]ey ?[Nn]ot ?[Ff]ound|not found"):
+            await guilds.get(f"{shard}.forged.guild")
+        assert sim.news == []
+    finally:
+        if sim is not None:
+            await sim.close()
+        services.stop_all()
