@@ -16,10 +16,10 @@ from typing import Any
 
 from faststream import FastStream
 
-from services.cleanup.ledger_client import LedgerClient, LedgerError
+from services.cleanup.ledger_client import NO_LEDGER, LedgerClient, LedgerError
 from services.cleanup.port import NatsPort
 from services.cleanup.reconcile import Reconciler
-from services.cleanup.requests import ReconcileRequest, RetryRequest, SweepRequest
+from services.cleanup.requests import ReconcileRequest, RetryRequest, SweepRequest, decode_body
 from services.cleanup.settings import CleanupSettings
 from services.cleanup.sweep import Limits, RunReport, Sweeper
 from shared import replies, subjects
@@ -70,16 +70,23 @@ def create_app(settings: CleanupSettings | None = None) -> FastStream:
         sweeper()
         return built["reconciler"]
 
+    started = {"ledger_seen": False}
+
     async def full_sweep(why: str) -> dict[str, Any]:
         async with one_sweep_at_a_time:
             report = (await sweeper().sweep()).to_dict()
         level = logging.WARNING if report.get("error") or report["runErrors"] else logging.INFO
-        if report["runs"] or report["settled"] or level != logging.INFO:
+        if why == "period" and not started["ledger_seen"] and str(report.get("error", "")).endswith(NO_LEDGER):
+            # Cleanup may start before the ledger listens: waiting for it is no warning.
+            log.info("waiting for the ledger before the first sweep")
+        elif report["runs"] or report["settled"] or level != logging.INFO:
             log.log(level, "sweep done", extra={"why": why, **report})
+        if not report.get("error"):
+            started["ledger_seen"] = True
         await broker.publish({**report, "why": why, "pid": os.getpid()}, subjects.CLEANUP_SWEPT)
         return report
 
-    @broker.subscriber(subjects.CLEANUP_SWEEP, queue=QUEUE)
+    @broker.subscriber(subjects.CLEANUP_SWEEP, queue=QUEUE, decoder=decode_body)
     async def sweep_now(request: SweepRequest) -> dict[str, Any]:
         """Sweep now: every candidate run, or only ``runId``."""
         if request.run_id is None:
@@ -89,7 +96,7 @@ def create_app(settings: CleanupSettings | None = None) -> FastStream:
             report = await sweeper().sweep_run(request.run_id)
         return _run_reply(report)
 
-    @broker.subscriber(subjects.CLEANUP_RETRY, queue=QUEUE)
+    @broker.subscriber(subjects.CLEANUP_RETRY, queue=QUEUE, decoder=decode_body)
     async def retry(request: RetryRequest) -> dict[str, Any]:
         """Reset an incomplete run's attempts and sweep it now."""
         try:
@@ -99,7 +106,7 @@ def create_app(settings: CleanupSettings | None = None) -> FastStream:
             return replies.fail(exc.status, exc.error)
         return _run_reply(report)
 
-    @broker.subscriber(subjects.CLEANUP_RECONCILE, queue=QUEUE)
+    @broker.subscriber(subjects.CLEANUP_RECONCILE, queue=QUEUE, decoder=decode_body)
     async def reconcile_now(request: ReconcileRequest) -> dict[str, Any]:
         """Reconcile the named modules (default: every module owning a live row, and the
         configured ones)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 from typing import Any
@@ -13,33 +14,36 @@ ASK_TIMEOUT_S = 600.0
 """How long the command waits for a sweep to finish."""
 
 
-async def _quiet(_exc: Exception) -> None:
-    """nats-py prints every failed connection attempt; the command says it once instead."""
-
-
 async def _ask(subject: str, payload: dict[str, Any]) -> dict[str, Any]:
     import nats
 
+    from shardbus.cli import ClosedWatch, quiet, request_while_connected
     from shared.nats_connect import connection_name, inbox_prefix
     from shared.settings import CommonSettings
 
     servers = CommonSettings().nats_servers()
+    watch = ClosedWatch()
     nc = await nats.connect(servers, name=connection_name("cleanup-cli"), inbox_prefix=inbox_prefix(servers),
                             connect_timeout=5, allow_reconnect=False, max_reconnect_attempts=1,
-                            reconnect_time_wait=0.5, error_cb=_quiet)
+                            reconnect_time_wait=0.5, error_cb=quiet, closed_cb=watch.on_closed)
     try:
-        msg = await nc.request(subject, json.dumps(payload).encode(), timeout=ASK_TIMEOUT_S)
+        msg = await request_while_connected(
+            nc, watch, subject, json.dumps(payload).encode(), ASK_TIMEOUT_S,
+            lost="lost the connection to NATS before the cleanup service answered; what it was doing "
+                 "may still finish (see `shardbus status`), or ask again")
         return json.loads(msg.data)
     finally:
-        await nc.close()
+        with contextlib.suppress(Exception):  # nats-py's close of a lost connection can raise
+            await nc.close()
 
 
 def _cmd_cleanup(args: argparse.Namespace) -> int:
-    from nats.errors import NoRespondersError, NoServersError
+    import nats.errors
+    from nats.errors import NoRespondersError
     from nats.errors import TimeoutError as NatsTimeoutError
 
+    from shardbus.cli import NatsAway, nats_failure
     from shared import subjects
-    from shared.logs import redact
     from shared.settings import CommonSettings
 
     if args.action == "sweep":
@@ -56,11 +60,14 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
     except NoRespondersError:
         print("no cleanup service is running", file=sys.stderr)
         return 1
-    except (NoServersError, OSError):
-        print(f"cannot reach NATS at {redact(CommonSettings().nats_url)}", file=sys.stderr)
-        return 1
     except NatsTimeoutError:
         print(f"the cleanup service did not answer within {ASK_TIMEOUT_S:g} s", file=sys.stderr)
+        return 1
+    except NatsAway as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    except (nats.errors.Error, OSError) as exc:  # the connect failed
+        print(nats_failure(CommonSettings().nats_url, exc), file=sys.stderr)
         return 1
     print(json.dumps(reply, indent=2))
     return 0 if 200 <= reply.get("status", 0) < 300 else 1

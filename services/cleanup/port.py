@@ -2,8 +2,11 @@
 
 The sweep, the reconcile and the ledger client only ever call :meth:`Port.request`, so they
 can be exercised without FastStream; the app hands them a :class:`NatsPort` over the
-broker's own nats-py connection. Transport failures become two exceptions the logic can
-classify: nobody subscribed (:class:`NoResponder`) and no answer in time (:class:`NoAnswer`).
+broker's own nats-py connection. Transport failures become exceptions the logic can
+classify: nobody subscribed (:class:`NoResponder`), no answer in time (:class:`NoAnswer`), and
+NATS itself away (:class:`Unreachable`, a kind of no answer: the connection is closed or
+draining, or cannot take the request while it reconnects). Nothing else a transport can
+raise escapes, so an outage is never a caller's 500 or a traceback.
 """
 
 from __future__ import annotations
@@ -12,8 +15,16 @@ import json
 from typing import Any, Protocol
 
 from nats.aio.client import Client
-from nats.errors import NoRespondersError
+from nats.errors import (ConnectionClosedError, ConnectionDrainingError, ConnectionReconnectingError,
+                         NoRespondersError, NoServersError, OutboundBufferLimitError, StaleConnectionError)
 from nats.errors import TimeoutError as NatsTimeoutError
+
+NATS_AWAY: tuple[type[BaseException], ...] = (
+    ConnectionClosedError, ConnectionDrainingError, ConnectionReconnectingError, OutboundBufferLimitError,
+    StaleConnectionError, NoServersError, OSError)
+"""What nats-py raises for a request when NATS is away rather than merely slow: the connection
+closed (for good, or by a stop) or draining, reconnecting with its buffer full, stale; a socket
+error. (A request made while it reconnects is buffered and, if NATS stays away, times out.)"""
 
 
 class NoResponder(Exception):
@@ -22,6 +33,14 @@ class NoResponder(Exception):
 
 class NoAnswer(Exception):
     """A responder exists but did not answer within the timeout."""
+
+
+class Unreachable(NoAnswer):
+    """NATS is away: the request could not be sent (so, like a timeout, it may be retried)."""
+
+    def __init__(self, subject: str, cause: BaseException) -> None:
+        super().__init__(f"{subject}: NATS is unreachable ({type(cause).__name__})")
+        self.reason = type(cause).__name__
 
 
 class Port(Protocol):
@@ -42,8 +61,10 @@ class NatsPort:
             msg = await self.client.request(subject, data, timeout=timeout)
         except NoRespondersError as exc:
             raise NoResponder(subject) from exc
-        except (NatsTimeoutError, TimeoutError) as exc:
+        except (NatsTimeoutError, TimeoutError) as exc:  # before NATS_AWAY: a TimeoutError is an OSError
             raise NoAnswer(subject) from exc
+        except NATS_AWAY as exc:
+            raise Unreachable(subject, exc) from exc
         return decode(msg.data)
 
 

@@ -19,6 +19,9 @@ not evidence that something is gone.
 
 ``reconcile_all`` is the website seed's ``reconcileAll``: every module owning a live row
 (``ledger.live.modules``, its ``modulesWithLiveRows``), plus any configured ones.
+
+A module's live rows are read page after page (``ledger.live``'s ``next``: one page is at most
+one NATS message), keeping of each row only what the comparison needs.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ from services.cleanup.giveback import LEASE_KIND, WORLD_KINDS
 from services.cleanup.ledger_client import LedgerClient, LedgerError
 from services.cleanup.port import NoAnswer, NoResponder, Port
 from shared import subjects
+
+REF_MAX = 190
+"""The ledger's longest ref: a serial the shard lists that is longer (or holds what PostgreSQL
+cannot store) names no row, and is not sent back as present (the ledger would refuse it)."""
 
 log = logging.getLogger("shardbus.cleanup.reconcile")
 
@@ -113,13 +120,13 @@ class Reconciler:
         return report
 
     async def _module(self, module: str, report: ReconcileReport, part: ModuleReport) -> None:
-        rows = await self.ledger.live(module)
-        report.modules += 1
         by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
         holds: dict[str, list[dict[str, Any]] | Unanswered] = {}  # each shard's lease holds, asked once
-        for row in rows:
-            if isinstance(row, dict) and isinstance(row.get("runId"), str) and isinstance(row.get("ref"), str):
-                by_run[row["runId"]].append(row)
+        async for rows in self.ledger.live_pages(module):
+            for row in rows:
+                if isinstance(row, dict) and isinstance(row.get("runId"), str) and isinstance(row.get("ref"), str):
+                    by_run[row["runId"]].append(_essentials(row))
+        report.modules += 1
         for run_id, run_rows in by_run.items():
             part.runs += 1
             shard = await self.shard_of(run_id)
@@ -127,7 +134,7 @@ class Reconciler:
             part.skipped += sum(1 for row in run_rows if row.get("kind") not in WORLD_KINDS | {LEASE_KIND})
             try:
                 if kinds & WORLD_KINDS:
-                    present = await self._world_owned(shard, run_id)
+                    present = [serial for serial in await self._world_owned(shard, run_id) if _may_be_ref(serial)]
                     for kind in sorted(kinds & WORLD_KINDS):
                         part.orphaned += await self.ledger.reconcile(module, run_id, kind, present)
                 if LEASE_KIND in kinds:
@@ -141,6 +148,13 @@ class Reconciler:
                     present, expired = [], []
                     for row in run_rows:
                         if row.get("kind") != LEASE_KIND:
+                            continue
+                        if row.get("revertOmitted") is not None:
+                            # Its revert (written before the ledger's cap) was too large to be
+                            # sent: without its key and target it cannot be matched to a hold,
+                            # and "not found" would orphan it on no evidence. Left as it is.
+                            present.append(row["ref"])
+                            part.skipped += 1
                             continue
                         hold = _hold_of(row, run_id, holds[shard])
                         if hold is not None:
@@ -191,6 +205,27 @@ class Reconciler:
         if not isinstance(holds, list) or not all(isinstance(hold, dict) for hold in holds):
             raise Unanswered(f"lease.list answered without a list of holds: {classify.preview(body)}")
         return holds
+
+
+def _essentials(row: dict[str, Any]) -> dict[str, Any]:
+    """What a reconcile needs of a live row (a lease's revert key and target, not the rest of
+    its revert): a module's rows are held in memory until every page is read."""
+    kept = {name: row.get(name) for name in ("runId", "kind", "ref", "revertOmitted")}
+    revert = row.get("revert")
+    if row.get("kind") == LEASE_KIND and isinstance(revert, dict):
+        kept["revert"] = {name: revert[name] for name in ("key", "target") if name in revert}
+    return kept
+
+
+def _may_be_ref(serial: str) -> bool:
+    """Whether a serial the shard lists could be a ledger row's ref (the ledger refuses the rest)."""
+    if not 0 < len(serial) <= REF_MAX or "\x00" in serial:
+        return False
+    try:
+        serial.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _serial(item: Any) -> str | None:

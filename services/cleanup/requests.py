@@ -1,38 +1,75 @@
-"""The payloads the cleanup service accepts (validated; a bad one is a 400 naming the field)."""
+"""The payloads the cleanup service accepts (validated; a bad one is a 400 naming the field),
+and :func:`decode_body`, which reads every request body so that what Python's ``json``
+cannot read (nesting deeper than its recursion limit, an integer of more than 4,300 digits)
+is a 400 too, not a 500."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-RUN_ID_MAX = 190
-"""Longest run id accepted (the ledger's own limit is the authority; this only stops junk)."""
+RUN_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+"""What a run id may look like (the ledger's rule: it becomes a subject token)."""
+
+INT_DIGITS_MAX = 4300
+"""The longest integer Python reads from text (``sys.int_info.default_max_str_digits``)."""
+
+RunId = Annotated[str, StringConstraints(pattern=RUN_ID_PATTERN)]
+"""A run id: letters, digits, ``_`` and ``-``, at most 64 (so no NUL, no surrogate either)."""
 
 ModuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 """A module id: it becomes a subject token, so no dots, wildcards or spaces."""
 
 
-class SweepRequest(BaseModel):
+class CleanupRequest(BaseModel):
+    """Base of every request: strict types, unknown fields ignored."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", strict=True)
+
+
+class SweepRequest(CleanupRequest):
     """``cleanup.sweep``: every candidate run, or only ``runId``."""
 
-    model_config = ConfigDict(populate_by_name=True, extra="ignore")
-
-    run_id: str | None = Field(default=None, alias="runId", min_length=1, max_length=RUN_ID_MAX)
+    run_id: RunId | None = Field(default=None, alias="runId")
 
 
-class RetryRequest(BaseModel):
+class RetryRequest(CleanupRequest):
     """``cleanup.retry``: the ``incomplete`` run to sweep again."""
 
-    model_config = ConfigDict(populate_by_name=True, extra="ignore")
-
-    run_id: str = Field(alias="runId", min_length=1, max_length=RUN_ID_MAX)
+    run_id: RunId = Field(alias="runId")
 
 
-class ReconcileRequest(BaseModel):
+class ReconcileRequest(CleanupRequest):
     """``cleanup.reconcile``: the modules to check (default: every module owning a live row, and
     the configured ones)."""
 
-    model_config = ConfigDict(extra="ignore")
-
     modules: list[ModuleName] | None = Field(default=None, max_length=100)
+
+
+class OversizedNumber:
+    """A JSON integer with more digits than Python reads: it fails validation naming its field."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"<a number of {self.digits} digits>"
+
+
+def _read_int(text: str) -> int | OversizedNumber:
+    digits = len(text) - text.startswith("-")
+    return OversizedNumber(digits) if digits > INT_DIGITS_MAX else int(text)
+
+
+async def decode_body(msg: Any) -> Any:
+    """A request body as its JSON value (FastStream's decoder for the cleanup subjects): an
+    over-long integer becomes :class:`OversizedNumber` (validation names its field); a body
+    that is not JSON, or nested deeper than Python reads, is handed on as its bytes, which no
+    request model takes (a 400 naming the body)."""
+    body = msg.body
+    try:
+        return json.loads(body, parse_int=_read_int)
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return body

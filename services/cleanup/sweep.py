@@ -32,6 +32,10 @@ log = logging.getLogger("shardbus.cleanup.sweep")
 FAILURES_KEPT = 20
 """How many failure reasons one run's ``cleanup.swept`` summary quotes (the rest are counted)."""
 
+FAILURE_REASON_CHARS = 400
+"""How much of each failure reason the summary quotes: 20 of them stay far below the ledger's
+64 KiB cap on a summary, whatever characters they hold."""
+
 CANDIDATE_POOL = 5
 """A sweep asks for this many batches' worth of candidate runs and works on a random batch."""
 
@@ -73,8 +77,8 @@ class RunReport:
         """Add one row's outcome."""
         setattr(self, outcome.verdict.value, getattr(self, outcome.verdict.value) + 1)
         if outcome.verdict is not Verdict.REVERTED and len(self.failures) < FAILURES_KEPT:
-            self.failures.append({"resourceId": resource_id, "verdict": outcome.verdict.value,
-                                  "reason": outcome.reason})
+            reason = None if outcome.reason is None else storable(outcome.reason)[:FAILURE_REASON_CHARS]
+            self.failures.append({"resourceId": resource_id, "verdict": outcome.verdict.value, "reason": reason})
 
     def summary(self) -> dict[str, Any]:
         """The ``cleanup.swept`` summary the ledger writes to the run log."""
@@ -150,8 +154,7 @@ class Sweeper:
                 left_pending.update(r.run_id for r in swept if r.cleanup_status not in ("complete", "incomplete"))
                 report.runs.extend(swept)
         except LedgerError as exc:
-            report.error = str(exc)
-            log.warning("sweep stopped: the ledger failed", extra={"reason": str(exc)})
+            report.error = str(exc)  # the caller logs the sweep's outcome once, at its level
         report.duration_s = time.monotonic() - started
         return report
 
@@ -176,8 +179,10 @@ class Sweeper:
                 # key: a 425 and a spent attempt). Such rows are deferred, left `reverting`
                 # for the next claim after the timeout.
                 start_by = time.monotonic() + self.limits.claim_timeout_s - self.limits.command_timeout_s
-                rows, shard = await self.ledger.claim(run_id, self.limits.max_attempts, self.limits.batch_size,
-                                                      self.limits.claim_timeout_s)
+                # One claim is one page: at most a batch, and at most what one reply can carry
+                # (`more`: the ledger left claimable rows for the next claim).
+                rows, shard, more = await self.ledger.claim(run_id, self.limits.max_attempts,
+                                                            self.limits.batch_size, self.limits.claim_timeout_s)
                 if not rows:
                     break
                 report.claimed += len(rows)
@@ -185,7 +190,7 @@ class Sweeper:
                 handled.update(_row_id(row) for row in rows)
                 given = await asyncio.gather(*(self._give_back(row, shard, start_by) for row in rows))
                 await self._record(list(given), report)
-                if report.transient or len(rows) < self.limits.batch_size or not fresh:
+                if report.transient or not more or not fresh:
                     break
             run = await self.ledger.finish(run_id, self.limits.max_attempts, report.summary())
             report.cleanup_status = run.get("cleanupStatus")
@@ -203,7 +208,7 @@ class Sweeper:
     async def shard_of(self, run_id: str) -> str:
         """The shard a run acts on (asked of the ledger once, then remembered)."""
         if run_id not in self.shards:
-            console = await self.ledger.console(run_id)
+            console = await self.ledger.console(run_id, limit=1)  # the run is all it needs
             run = console.get("run") if isinstance(console.get("run"), dict) else {}
             if len(self.shards) >= SHARD_CACHE_SIZE:
                 self.shards.clear()
@@ -221,6 +226,15 @@ class Sweeper:
         if missing:
             return resource_id, Outcome(Verdict.FAILED, f"the ledger row lacks {', '.join(missing)}; cannot "
                                                         "tell what to give back")
+        omitted = row.get("revertOmitted")
+        if omitted is not None and row["kind"] not in giveback.WORLD_KINDS:
+            # Stored before the ledger capped reverts; too large for any reply, so it was left
+            # out. A world object needs only its ref; anything else would be sent without
+            # what it needs.
+            return resource_id, Outcome(Verdict.FAILED, f"its revert ({omitted} bytes, stored before the ledger "
+                                                        "capped reverts at 8 KiB) is too large to be sent, so the "
+                                                        "sweep cannot tell how to give it back; give it back by "
+                                                        "hand, then resolve the row")
         async with self.give_backs:
             if time.monotonic() > start_by:
                 return resource_id, None
@@ -255,10 +269,23 @@ def _wire(resource_id: int, outcome: Outcome) -> dict[str, Any]:
     worked records no error)."""
     out: dict[str, Any] = {"resourceId": resource_id, "verdict": outcome.verdict.value}
     if outcome.verdict in (Verdict.FAILED, Verdict.TRANSIENT):
-        out["error"] = outcome.reason or f"{outcome.verdict.value} without a reason"
+        out["error"] = storable(outcome.reason or f"{outcome.verdict.value} without a reason")
     elif outcome.verdict is Verdict.DRIFTED and outcome.reason:
-        out["error"] = outcome.reason
+        out["error"] = storable(outcome.reason)
     return out
+
+
+def storable(text: str) -> str:
+    """``text`` as the ledger stores it: a reason quoting a shard's garbage may hold a NUL or
+    a lone surrogate, which PostgreSQL cannot store and the ledger refuses (400) — each
+    becomes U+FFFD."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\ufffd")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return text
 
 
 def _row_id(row: Any) -> Any:

@@ -15,15 +15,12 @@ from faststream.nats import NatsBroker
 from services.ledger import console, expiry, migrate, resources, runs, statuses, sweep
 from services.ledger import requests as rq
 from services.ledger.settings import LedgerSettings
-from services.ledger.store import Change, Database, LedgerError
+from services.ledger.store import Change, Database, DatabaseUnavailable, LedgerError, is_outage
 from shared import replies, subjects
 from shared.broker import add_health, make_app, make_broker
 from shared.database import safe_url
 
 log = logging.getLogger("shardbus.ledger")
-
-_UNREACHABLE_SQLSTATES = ("08", "57P01", "57P02", "57P03", "53300", "3D000")
-"""SQLSTATE (prefixes) meaning the database cannot be reached or used right now."""
 
 UNAVAILABLE = "the ledger's database is unreachable; retry shortly"
 """The 503 sentence (no URL: it could carry a password)."""
@@ -35,12 +32,13 @@ def _refused(exc: Exception) -> dict[str, Any]:
 
 
 def _unreachable(exc: Exception) -> dict[str, Any]:
-    log.warning("database unreachable", extra={"reason": type(exc).__name__})
+    reason = exc.reason if isinstance(exc, DatabaseUnavailable) else type(exc).__name__
+    log.warning("database unreachable", extra={"reason": reason})
     return replies.fail(replies.UNAVAILABLE, UNAVAILABLE)
 
 
 def _database_error(exc: Exception) -> dict[str, Any]:
-    if str(getattr(exc, "sqlstate", "") or "").startswith(_UNREACHABLE_SQLSTATES):
+    if is_outage(exc):
         return _unreachable(exc)
     log.error("database error", exc_info=exc)
     return replies.fail(500, f"internal database error ({type(exc).__name__}); the ledger logged the details")
@@ -48,10 +46,14 @@ def _database_error(exc: Exception) -> dict[str, Any]:
 
 ERROR_REPLIES = {
     LedgerError: _refused,
-    OSError: _unreachable,
+    # Every outage met inside ``db.connect()`` arrives as DatabaseUnavailable (store.py lists
+    # the shapes); the rest of the map catches one raised anywhere else.
+    DatabaseUnavailable: _unreachable,
+    OSError: _unreachable,  # refused, reset, lost; TimeoutError (acquire, connect, statement) is one
     asyncpg.InterfaceError: _unreachable,
+    asyncpg.InternalClientError: _unreachable,  # a connection that died mid-protocol
     asyncpg.PostgresConnectionError: _unreachable,
-    asyncpg.PostgresError: _database_error,
+    asyncpg.PostgresError: _database_error,  # 503 for store.OUTAGE_SQLSTATES (57P01, 57014 …), else 500
 }
 """How the ledger's own failures are answered (the shared middleware picks the most specific)."""
 
@@ -86,7 +88,14 @@ def register_handlers(broker: NatsBroker, db: Database, concurrency: int) -> Non
     one before it)."""
 
     def subscriber(subject: str):  # noqa: ANN202  (FastStream's decorator)
-        return broker.subscriber(subject, queue=subjects.LEDGER_QUEUE, max_workers=concurrency)
+        # rq.decode_body: a body Python's json cannot read (too deep, a 5,000-digit integer)
+        # is a 400 naming the field or the body, not a 500.
+        return broker.subscriber(subject, queue=subjects.LEDGER_QUEUE, max_workers=concurrency,
+                                 decoder=rq.decode_body)
+
+    def page_bytes() -> int:
+        # Pages (console, live rows, claims, runs) fit the connected server's max_payload.
+        return console.page_bytes(broker.connection.max_payload)
 
     async def publish(changes: list[Change]) -> None:
         # Straight through nats-py: FastStream's publish pipeline costs more than the event.
@@ -149,16 +158,16 @@ def register_handlers(broker: NatsBroker, db: Database, concurrency: int) -> Non
         return replies.ok(orphaned=count)
 
     @subscriber(subjects.LEDGER_CONSOLE)
-    async def run_console(body: rq.RunRef) -> bytes:
-        return await console.console(db, body.run_id)
+    async def run_console(body: rq.Console) -> bytes:
+        return await console.console(db, body.run_id, body.after, body.limit, page_bytes())
 
     @subscriber(subjects.LEDGER_RUNS)
     async def list_runs(body: rq.ListRuns) -> bytes:
-        return await console.list_runs(db, body.status, body.cleanup_status, body.limit)
+        return await console.list_runs(db, body.status, body.cleanup_status, body.limit, page_bytes())
 
     @subscriber(subjects.LEDGER_LIVE)
     async def live(body: rq.LiveRows) -> bytes:
-        return await console.live(db, body.module, body.limit)
+        return await console.live(db, body.module, body.limit, body.after, page_bytes())
 
     @subscriber(subjects.LEDGER_LIVE_MODULES)
     async def live_modules(body: rq.LiveModules) -> bytes:
@@ -175,11 +184,13 @@ def register_handlers(broker: NatsBroker, db: Database, concurrency: int) -> Non
         return replies.ok(runs=await sweep.candidates(db, body.limit))
 
     @subscriber(subjects.LEDGER_SWEEP_CLAIM)
-    async def claim(body: rq.Claim) -> dict[str, Any]:
-        run, claimed, changes = await sweep.claim(db, body.run_id, body.max_attempts, body.limit,
-                                                  body.claim_timeout_s)
+    async def claim(body: rq.Claim) -> bytes:
+        run, changes, more = await sweep.claim(db, body.run_id, body.max_attempts, body.limit,
+                                               body.claim_timeout_s, page_bytes())
         await publish(changes)
-        return replies.ok(resources=claimed, shard=run["shard"])
+        # Compact and UTF-8 as it is: at most the bytes the claim measured (its page budget).
+        return json.dumps(replies.ok(resources=[change.resource for change in changes], shard=run["shard"],
+                                     more=more), separators=(",", ":"), ensure_ascii=False).encode()
 
     @subscriber(subjects.LEDGER_SWEEP_REVERTED)
     async def reverted(body: rq.ResourceRef) -> dict[str, Any]:

@@ -13,18 +13,20 @@ from __future__ import annotations
 from typing import Any
 
 from services.ledger import statuses
-from services.ledger.store import Database, Change, as_json, changed_resources_select, resource_changes, rows, run_json
-from services.ledger.requests import is_module_name
+from services.ledger.requests import is_module_name, is_storable
+from services.ledger.resources import changed_resources_select
+from services.ledger.store import Database, Change, as_json, resource_changes, rows, run_json
 from services.ledger.tables import KIND_MAX, REF_MAX
 
 
 def target_of(module: str, body: Any) -> tuple[str, str] | None:
     """The (kind, ref) an expiry names, or None when it is malformed: not an object, kind or
-    ref missing, not text, empty or over-long, or a module token that is not a module name."""
+    ref missing, not text, empty, over-long or holding what no row can (a NUL, a lone
+    surrogate), or a module token that is not a module name."""
     if not is_module_name(module) or not isinstance(body, dict):
         return None
     kind, ref = body.get("kind"), body.get("ref")
-    if not (isinstance(kind, str) and isinstance(ref, str)):
+    if not (is_storable(kind) and is_storable(ref)):
         return None
     if not (0 < len(kind) <= KIND_MAX and 0 < len(ref) <= REF_MAX):
         return None

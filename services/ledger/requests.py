@@ -1,17 +1,65 @@
 """The ledger's request payloads (pydantic, camelCase on the wire, strict types). A request
-that fails validation is answered 400 naming the field by the shared broker middleware."""
+that fails validation is answered 400 naming the field by the shared broker middleware.
+
+Every field is bounded: numbers by what their column holds (PostgreSQL's bigint) or a sane
+range (seconds), text by its column's length and by what PostgreSQL can store (no NUL, no lone
+surrogate), and the free-form JSON objects (``revert``, ``summary``) by their size as
+PostgreSQL prints them, so that no row can make a reply outgrow a NATS message
+(docs/ledger.md, "Limits and pages"). Request bodies are read by :func:`decode_body`, which
+turns what Python's ``json`` cannot read (nesting deeper than its recursion limit, an integer
+of more than 4,300 digits) into a 400 instead of a 500."""
 
 from __future__ import annotations
 
+import json
+import math
 import re
+from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from services.ledger.statuses import CLEANUP_STATUSES, RUN_STATUSES
 from services.ledger.tables import ERROR_MAX, ID_PATTERN, IDEMPOTENCY_KEY_MAX, KIND_MAX, REF_MAX
 from shared.subjects import SHARD_ID_PATTERN
+
+BIGINT_MAX = 2**63 - 1
+"""The largest value of a PostgreSQL ``bigint`` (resource ids, lease deadlines)."""
+
+LEASE_DEADLINE_MAX = 253_402_300_799_999
+"""The latest lease deadline taken: 9999-12-31T23:59:59.999Z in epoch milliseconds."""
+
+CLAIM_TIMEOUT_MAX_S = 86_400.0
+"""The longest claim timeout taken (a day; the cleanup service's default is 120 s)."""
+
+REVERT_MAX_BYTES = 8 * 1024
+"""The largest ``revert`` taken, in bytes as PostgreSQL prints it (``{"key": "value"}``, UTF-8):
+what a give-back needs is a handful of keys and values."""
+
+SUMMARY_MAX_BYTES = 64 * 1024
+"""The largest sweep ``summary`` taken (bytes as PostgreSQL prints it); it goes to the run log."""
+
+JSON_DEPTH_MAX = 32
+"""The deepest nesting of objects and arrays taken inside ``revert`` or ``summary``."""
+
+INT_DIGITS_MAX = 4300
+"""The longest integer Python reads from text (``sys.int_info.default_max_str_digits``)."""
+
+
+def _storable(value: str) -> str:
+    """Text PostgreSQL can store: no NUL character, no lone surrogate."""
+    if "\x00" in value:
+        raise ValueError("must not contain the NUL character (U+0000)")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must not contain a lone surrogate (U+D800 to U+DFFF)") from None
+    return value
+
+
+Text = AfterValidator(_storable)
+"""Applied to every text field."""
 
 RunId = Annotated[str, Field(pattern=ID_PATTERN, description="A run id: letters, digits, _ and -, at most 64.")]
 """A run id; it becomes the token of the run's event subject."""
@@ -19,16 +67,19 @@ RunId = Annotated[str, Field(pattern=ID_PATTERN, description="A run id: letters,
 Module = Annotated[str, Field(pattern=ID_PATTERN, description="A module name: letters, digits, _ and -, at most 64.")]
 """A module name; it is the token of its expiry and reconcile subjects."""
 
-Kind = Annotated[str, Field(min_length=1, max_length=KIND_MAX)]
+Kind = Annotated[str, Field(min_length=1, max_length=KIND_MAX), Text]
 """A resource kind (e.g. ``creature``, ``lease``)."""
 
-Ref = Annotated[str, Field(min_length=1, max_length=REF_MAX)]
+Ref = Annotated[str, Field(min_length=1, max_length=REF_MAX), Text]
 """What the resource is within its kind (a serial, a config key …)."""
 
-ResourceId = Annotated[int, Field(ge=1)]
+ResourceId = Annotated[int, Field(ge=1, le=BIGINT_MAX)]
 """A resource row's id."""
 
-ErrorText = Annotated[str, Field(max_length=ERROR_MAX)]
+After = Annotated[int, Field(ge=0, le=BIGINT_MAX)]
+"""A page's continuation: the ``next`` of the page before (rows with a greater id follow)."""
+
+ErrorText = Annotated[str, Field(max_length=ERROR_MAX), Text]
 """A sentence saying what went wrong."""
 
 OUTCOMES_MAX = 1000
@@ -52,16 +103,121 @@ def is_module_name(value: object) -> bool:
 _MODULE_NAME = re.compile(ID_PATTERN)
 
 
-class LedgerRequest(BaseModel):
-    """Base of every request: camelCase names, strict types, unknown fields ignored."""
+def is_storable(value: object) -> bool:
+    """True when ``value`` is text PostgreSQL can store (see :data:`Text`)."""
+    try:
+        return isinstance(value, str) and _storable(value) is value
+    except ValueError:
+        return False
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, strict=True, extra="ignore")
+
+def _number_text(value: int | float) -> str:
+    """A number as PostgreSQL prints it back from jsonb (numeric: no exponent, no -0)."""
+    if isinstance(value, int):
+        return str(value)
+    if not math.isfinite(value):
+        raise ValueError("must hold finite numbers only (no NaN or Infinity)")
+    if value == 0:
+        return "0.0"  # PostgreSQL's numeric has no negative zero
+    return format(Decimal(repr(value)), "f")
+
+
+def rendered_size(value: Any, limit: int | None = None) -> int:
+    """Bytes of ``value`` as PostgreSQL prints it as jsonb text (``{"k": v, "k2": [1, 2]}``,
+    UTF-8, escapes as it writes them, numbers without exponents): what a reply carrying it
+    spends. ValueError for what jsonb cannot hold (NaN, NUL, lone surrogates) or nesting
+    deeper than :data:`JSON_DEPTH_MAX`; stops counting once past ``limit``."""
+    total = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            _storable(item)
+            total += len(json.dumps(item, ensure_ascii=False).encode("utf-8"))
+        elif item is None or isinstance(item, bool):
+            total += {None: 4, True: 4, False: 5}[item]
+        elif isinstance(item, (int, float)):
+            total += len(_number_text(item))
+        elif isinstance(item, OversizedNumber):
+            raise ValueError(f"must not hold an integer of more than {INT_DIGITS_MAX} digits")
+        elif isinstance(item, (dict, list)):
+            if depth > JSON_DEPTH_MAX:
+                raise ValueError(f"must not nest objects and arrays deeper than {JSON_DEPTH_MAX} levels")
+            total += 2 + 2 * max(0, len(item) - 1)  # {} or [], ", " between members
+            if isinstance(item, dict):
+                for key, member in item.items():
+                    if not isinstance(key, str):
+                        raise ValueError("must have text keys only")
+                    stack.append((key, depth))
+                    total += 2  # ": "
+                    stack.append((member, depth + 1))
+            else:
+                stack.extend((member, depth + 1) for member in item)
+        else:
+            raise ValueError(f"must hold JSON values only, not {item!r}")
+        if limit is not None and total > limit:
+            break
+    return total
+
+
+def _capped(name: str, limit: int):  # noqa: ANN202  (a validator factory)
+    def check(value: dict[str, Any]) -> dict[str, Any]:
+        if rendered_size(value, limit) > limit:
+            raise ValueError(f"{name} takes more than {limit} bytes as stored (at most {limit // 1024} KiB, "
+                             f"counted as PostgreSQL prints it)")
+        return value
+    return AfterValidator(check)
+
+
+Revert = Annotated[dict[str, Any], _capped("revert", REVERT_MAX_BYTES)]
+"""What a give-back needs (a JSON object of at most :data:`REVERT_MAX_BYTES`)."""
+
+Summary = Annotated[dict[str, Any], _capped("summary", SUMMARY_MAX_BYTES)]
+"""A sweep's summary for the run log (a JSON object of at most :data:`SUMMARY_MAX_BYTES`)."""
+
+
+class OversizedNumber:
+    """A JSON integer with more digits than Python reads: it fails validation naming its field
+    (a 400) instead of failing the decoding (a 500)."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"<a number of {self.digits} digits>"
+
+
+def _read_int(text: str) -> int | OversizedNumber:
+    digits = len(text) - text.startswith("-")
+    return OversizedNumber(digits) if digits > INT_DIGITS_MAX else int(text)
+
+
+async def decode_body(msg: Any) -> Any:
+    """A request body as its JSON value (FastStream's decoder for every ledger subject).
+
+    Integers longer than Python reads become :class:`OversizedNumber` (validation names the
+    field); a body that is not JSON, or nested deeper than Python's recursion limit, is
+    handed on as its bytes, which no request model takes (a 400 naming the body; an expiry
+    answers 0, as for any malformed expiry)."""
+    body = msg.body
+    try:
+        return json.loads(body, parse_int=_read_int)
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return body
+
+
+class LedgerRequest(BaseModel):
+    """Base of every request: camelCase names, strict types, no NaN or Infinity, unknown
+    fields ignored."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, strict=True, extra="ignore",
+                              allow_inf_nan=False)
 
 
 class CreateRun(LedgerRequest):
     run_id: RunId | None = None
     shard: str = Field(pattern=f"^{SHARD_ID_PATTERN}$")
-    event: str = Field(min_length=1, max_length=128)
+    event: Annotated[str, Field(min_length=1, max_length=128), Text]
 
 
 class SetRunStatus(LedgerRequest):
@@ -74,9 +230,9 @@ class AddResource(LedgerRequest):
     module: Module
     kind: Kind
     ref: Ref
-    idempotency_key: str = Field(min_length=1, max_length=IDEMPOTENCY_KEY_MAX)
-    revert: dict[str, Any] = Field(default_factory=dict)
-    lease_deadline: int | None = Field(default=None, ge=0)
+    idempotency_key: Annotated[str, Field(min_length=1, max_length=IDEMPOTENCY_KEY_MAX), Text]
+    revert: Revert = Field(default_factory=dict)
+    lease_deadline: int | None = Field(default=None, ge=0, le=LEASE_DEADLINE_MAX)
 
 
 class ResourceRef(LedgerRequest):
@@ -98,6 +254,12 @@ class RunRef(LedgerRequest):
     run_id: RunId
 
 
+class Console(LedgerRequest):
+    run_id: RunId
+    after: After | None = None
+    limit: int = Field(default=1000, ge=1, le=1000)
+
+
 class ListRuns(LedgerRequest):
     status: RunStatus | None = None
     cleanup_status: CleanupStatus | None = None
@@ -106,6 +268,7 @@ class ListRuns(LedgerRequest):
 
 class LiveRows(LedgerRequest):
     module: Module
+    after: After | None = None
     limit: int = Field(default=1000, ge=1, le=10_000)
 
 
@@ -126,7 +289,7 @@ class Claim(LedgerRequest):
     run_id: RunId
     max_attempts: MaxAttempts = 3
     limit: int = Field(default=100, ge=1, le=1000)
-    claim_timeout_s: float = Field(default=60.0, gt=0)
+    claim_timeout_s: float = Field(default=60.0, gt=0, le=CLAIM_TIMEOUT_MAX_S)
 
 
 class Drifted(LedgerRequest):
@@ -167,4 +330,4 @@ class SweepOutcomes(LedgerRequest):
 class Finish(LedgerRequest):
     run_id: RunId
     max_attempts: MaxAttempts = 3
-    summary: dict[str, Any] = Field(default_factory=dict)
+    summary: Summary = Field(default_factory=dict)

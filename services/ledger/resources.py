@@ -9,14 +9,40 @@ from typing import Any
 
 import asyncpg
 
-from services.ledger import statuses
+from services.ledger import statuses, store
 from services.ledger.statuses import RUN_TERMINAL, Transition
-from services.ledger.store import (Database, Change, Conflict, as_json, changed_resources_select, first,
-                                   resource_changes, resource_json, resource_or_conflict, rows, run_or_not_found)
+from services.ledger.store import (Database, Change, Conflict, as_json, first, resource_changes,
+                                   resource_or_conflict, rows, run_json, run_or_not_found)
 from services.ledger.tables import ERROR_MAX
 
 LIVE_TARGET_INDEX = "uq_resources_live_target"
 """The partial unique index that holds a target for one live row."""
+
+REVERT_INLINE_MAX = 64 * 1024
+"""The largest stored ``revert`` a reply or an update event carries (bytes as PostgreSQL prints
+it). Requests are capped far lower (``requests.REVERT_MAX_BYTES``, 8 KiB), so only a row written
+before that cap can pass this: its revert is left out (``"revert": null``) and
+``"revertOmitted"`` gives its size, so that one row never outgrows a NATS message. The revert
+itself stays in the database, whole."""
+
+
+def resource_json(alias: str) -> str:
+    """SQL rendering the resource row ``alias`` as its wire JSON (``store.resource_json``), but
+    with a revert over :data:`REVERT_INLINE_MAX` left out and sized. Every reply and event
+    renders rows through this."""
+    whole = store.resource_json(alias)
+    field = f"'revert', {alias}.revert"
+    if whole.count(field) != 1:  # pragma: no cover - store.resource_json changed shape
+        raise RuntimeError("store.resource_json no longer renders the revert as expected")
+    size = f"octet_length({alias}.revert::text)"
+    omitted = whole.replace(field, f"'revert', NULL, 'revertOmitted', {size}")
+    return f"(CASE WHEN {size} <= {REVERT_INLINE_MAX} THEN {whole} ELSE {omitted} END)"
+
+
+def changed_resources_select(source: str) -> str:
+    """SQL selecting ``(resource, run)`` JSON pairs for each row of the CTE ``source``."""
+    return (f"SELECT {resource_json('c')}::text AS resource, {run_json('r')}::text AS run "
+            f"FROM {source} c JOIN runs r ON r.run_id = c.run_id ORDER BY c.id")
 
 
 async def add_resource(db: Database, *, run_id: str, module: str, kind: str, ref: str,

@@ -8,13 +8,23 @@ log entry commit together or not at all, with no BEGIN/COMMIT round trips. Where
 operation runs a second statement (an expiry settling a run), that statement is correct on
 its own. (asyncpg rather than SQLAlchemy's async engine here: with 32 requests in flight the
 engine's pool and greenlet hand-offs cost three times the statement — see docs/ledger.md.)
+
+A database outage reaches the ledger in many shapes (docs/reliability.md, "Outages: every
+shape and its answer"): a refused or reset socket, a backend terminated mid-statement, a connection
+that died mid-protocol (asyncpg's InternalClientError), a server shutting down, a pool
+acquire, connect or statement that ran out of time, a statement cancelled. :meth:`Database.connect`
+turns every one of them into :class:`DatabaseUnavailable` (the ledger answers 503 with its
+retry sentence) and throws the connection away, so a broken connection is never handed out
+again. None of them leaves anything half-applied: each change is one statement.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -23,20 +33,79 @@ import asyncpg
 
 from shared.database import normalise_url
 
+CONNECT_TIMEOUT_S = 3.0
+"""Longest a new connection may take to open (a black-holed server otherwise holds it 60 s)."""
+
+ACQUIRE_TIMEOUT_S = 5.0
+"""Longest a request waits for a pooled connection, opening one included."""
+
+STATEMENT_TIMEOUT_S = 5.0
+"""PostgreSQL cancels a statement running longer (``statement_timeout``; it rolls back whole).
+The ledger's statements take milliseconds; one this slow means the database is in trouble."""
+
+UNRESPONSIVE_AFTER_S = 1.0
+"""A server that has not answered ``STATEMENT_TIMEOUT_S`` plus this is unresponsive (stopped,
+partitioned): the client gives up on the statement itself."""
+
+OUTAGE_SQLSTATES = ("08", "57P01", "57P02", "57P03", "53300", "3D000", "57014")
+"""SQLSTATEs (and classes) meaning the database cannot be reached or used right now: connection
+exceptions, admin/crash shutdown, cannot connect now, too many connections, no such database
+(not created yet), and query_canceled (a statement timeout or a cancel request)."""
+
+OUTAGE_TYPES: tuple[type[BaseException], ...] = (
+    OSError,  # refused, reset, "unexpected connection_lost()", DNS; TimeoutError is one (3.11)
+    asyncio.TimeoutError,  # pool acquire, connect and statement timeouts
+    asyncpg.InterfaceError,  # e.g. "connection is closed", "pool is closing"
+    asyncpg.InternalClientError,  # a connection that died mid-protocol
+    asyncpg.PostgresConnectionError,  # ConnectionDoesNotExistError, ConnectionFailureError …
+)
+"""Exception types that say the database is away, whatever their message."""
+
+
+class DatabaseUnavailable(Exception):
+    """The database could not be reached, or did not answer in time: the request changed
+    nothing (or, if the connection broke after a commit, a retry with the same body is safe).
+    The ledger answers 503 with its retry sentence."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(type(cause).__name__)
+        self.reason = type(cause).__name__
+
+
+def is_outage(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an exception it wraps (SQLAlchemy's ``orig``, ``__cause__``), says the
+    database is away rather than that the request is wrong."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (DatabaseUnavailable, *OUTAGE_TYPES)):
+            return True
+        if str(getattr(exc, "sqlstate", "") or "").startswith(OUTAGE_SQLSTATES):
+            return True
+        exc = getattr(exc, "orig", None) or exc.__cause__
+    return False
+
 
 class Database:
     """The ledger's connection pool. Statements are written with ``:name`` parameters."""
 
-    def __init__(self, url: str, pool_size: int = 10) -> None:
+    def __init__(self, url: str, pool_size: int = 10, *, connect_timeout_s: float | None = None,
+                 acquire_timeout_s: float | None = None, statement_timeout_s: float | None = None) -> None:
         self.url = normalise_url(url).replace("postgresql+asyncpg://", "postgresql://", 1)
         self.pool_size = pool_size
+        self.connect_timeout_s = connect_timeout_s or CONNECT_TIMEOUT_S
+        self.acquire_timeout_s = acquire_timeout_s or ACQUIRE_TIMEOUT_S
+        self.statement_timeout_s = statement_timeout_s or STATEMENT_TIMEOUT_S
         self._pool: asyncpg.Pool | None = None
 
     async def open(self) -> None:
         """Create the pool; it connects on first use, so an unreachable database is a 503
         per request, not a service that cannot start."""
-        self._pool = await asyncpg.create_pool(self.url, min_size=0, max_size=self.pool_size,
-                                               max_inactive_connection_lifetime=300, reset=_keep_session)
+        self._pool = await asyncpg.create_pool(
+            self.url, min_size=0, max_size=self.pool_size, max_inactive_connection_lifetime=300,
+            reset=_keep_session, timeout=self.connect_timeout_s,
+            command_timeout=self.statement_timeout_s + UNRESPONSIVE_AFTER_S,
+            server_settings={"statement_timeout": str(round(self.statement_timeout_s * 1000))})
 
     async def close(self) -> None:
         """Close every connection."""
@@ -44,11 +113,35 @@ class Database:
             await self._pool.close()
             self._pool = None
 
-    def connect(self) -> Any:
-        """``async with db.connect() as conn``: a pooled connection."""
+    @asynccontextmanager
+    async def connect(self) -> AsyncIterator[asyncpg.Connection]:
+        """``async with db.connect() as conn``: a pooled connection. An outage, whether met
+        while acquiring it or inside the block, raises :class:`DatabaseUnavailable`; the
+        connection it broke is terminated rather than returned for reuse (a connection whose
+        server died mid-protocol keeps failing until its socket's end is read)."""
         if self._pool is None:
             raise RuntimeError("Database.open() was not awaited")
-        return self._pool.acquire()
+        try:
+            conn = await self._pool.acquire(timeout=self.acquire_timeout_s)
+        except Exception as exc:
+            if is_outage(exc):
+                raise DatabaseUnavailable(exc) from exc
+            raise
+        try:
+            yield conn
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            conn.terminate()
+            if isinstance(exc, DatabaseUnavailable):
+                raise
+            raise DatabaseUnavailable(exc) from exc
+        finally:
+            try:
+                await self._pool.release(conn)
+            except Exception as exc:  # the pool terminated it; the request's outcome stands
+                if not is_outage(exc):
+                    raise
 
 
 async def _keep_session(_conn: asyncpg.Connection) -> None:

@@ -9,11 +9,16 @@ import json
 from typing import Any
 
 from services.ledger import statuses
-from services.ledger.resources import transition
+from services.ledger.console import PAGE_BYTES
+from services.ledger.resources import changed_resources_select, resource_json, transition
 from services.ledger.statuses import REVERTABLE, RUN_TERMINAL, UNRESOLVED
-from services.ledger.store import (Database, Change, Conflict, as_json, changed_resources_select, first, resource_changes,
-                                   resource_json, resource_or_conflict, rows, run_json, run_or_not_found)
+from services.ledger.store import (Database, Change, Conflict, as_json, first, resource_changes,
+                                   resource_or_conflict, rows, run_json, run_or_not_found)
 from services.ledger.tables import ERROR_MAX
+
+CLAIM_ROW_SLACK = 64
+"""Bytes a claimed row may grow by when it turns ``reverting`` (its status and ``updatedAt``
+change), added to each row's size as measured before the claim."""
 
 _ACTIONABLE = ("((s.status = ANY(:revertable) AND s.attempts < :max_attempts AND NOT s.gave_up) "
                "OR s.status = 'reverting')")
@@ -53,23 +58,34 @@ async def candidates(db: Database, limit: int) -> list[str]:
     return [row.run_id for row in result]
 
 
-async def claim(db: Database, run_id: str, max_attempts: int, limit: int,
-                claim_timeout_s: float) -> tuple[dict, list[dict], list[Change]]:
+async def claim(db: Database, run_id: str, max_attempts: int, limit: int, claim_timeout_s: float,
+                budget: int = PAGE_BYTES) -> tuple[dict, list[Change], bool]:
     """Take up to ``limit`` of the run's rows for a give-back: revertable rows with attempts
     left, and ``reverting`` rows whose claim is older than ``claim_timeout_s`` (a sweeper
     died). Each remembers the status it had, for a transient failure to return to. The run
-    comes back too: a sweeper needs its shard and would otherwise ask for it."""
+    comes back too: a sweeper needs its shard and would otherwise ask for it.
+
+    The claim is bounded by bytes as well as by count, *before* it commits: it takes rows in
+    id order while their JSON adds up to at most ``budget`` (always the first),
+    so the reply listing them can be sent, and no row turns ``reverting`` unseen. The third
+    value says whether claimable rows were left (by the limit or by the byte budget): the
+    sweeper claims again."""
     async with db.connect() as conn:
         run = await run_or_not_found(conn, run_id)
         if run["status"] not in RUN_TERMINAL:
             raise Conflict(f"run {run_id!r} is {run['status']}; its resources are given back only once it is over")
         result = await rows(conn, f"""
-            WITH picked AS (
-                SELECT s.id FROM resources s
+            WITH candidates AS (
+                SELECT s.id, octet_length({resource_json('s')}::text) + :slack AS bytes FROM resources s
                 WHERE s.run_id = :run_id AND (
                     (s.status = ANY(:revertable) AND s.attempts < :max_attempts AND NOT s.gave_up)
                     OR (s.status = 'reverting' AND s.claimed_at < now() - make_interval(secs => :timeout)))
-                ORDER BY s.id LIMIT :limit FOR UPDATE SKIP LOCKED
+                ORDER BY s.id LIMIT :candidates FOR UPDATE SKIP LOCKED
+            ), sized AS (
+                SELECT id, row_number() OVER w AS n, sum(bytes) OVER w AS upto
+                FROM candidates WINDOW w AS (ORDER BY id)
+            ), picked AS (
+                SELECT id FROM sized WHERE n <= :limit AND (n = 1 OR upto <= :budget)
             ), changed AS (
                 UPDATE resources s SET status = 'reverting', claimed_at = now(), updated_at = now(),
                        previous_status = CASE WHEN s.status = 'reverting' THEN s.previous_status ELSE s.status END
@@ -79,11 +95,14 @@ async def claim(db: Database, run_id: str, max_attempts: int, limit: int,
                 INSERT INTO run_log (run_id, resource_id, kind, detail)
                 SELECT run_id, id, 'cleanup.claimed', jsonb_build_object('from', previous_status) FROM changed
             )
-            {changed_resources_select('changed')}""",
+            SELECT {resource_json('c')}::text AS resource, {run_json('r')}::text AS run,
+                   (SELECT count(*) FROM candidates) > (SELECT count(*) FROM picked) AS more
+            FROM changed c JOIN runs r ON r.run_id = c.run_id ORDER BY c.id""",
                               {"run_id": run_id, "revertable": list(REVERTABLE), "max_attempts": max_attempts,
-                               "timeout": float(claim_timeout_s), "limit": limit})
+                               "timeout": float(claim_timeout_s), "limit": limit, "candidates": limit + 1,
+                               "slack": CLAIM_ROW_SLACK, "budget": budget})
     changes = resource_changes(result, "cleanup.claimed")
-    return run, [change.resource for change in changes], changes
+    return run, changes, bool(result and result[0].more)
 
 
 async def reverted(db: Database, resource_id: int) -> tuple[dict, list[Change]]:

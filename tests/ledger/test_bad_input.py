@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from services.ledger.requests import REVERT_MAX_BYTES, rendered_size
 from shared import subjects
 
 RUN = "known-run"
@@ -57,6 +58,72 @@ CASES = [
      {"outcomes": [{"resourceId": n, "verdict": "reverted"} for n in range(1, 1002)]}, 400, "outcomes"),
     ("finish-summary-not-an-object", subjects.LEDGER_SWEEP_FINISH, {"runId": RUN, "summary": 3}, 400, "summary"),
     ("retry-unknown-run", subjects.LEDGER_SWEEP_RETRY, {"runId": "ghost"}, 404, "ghost"),
+    # Ranges: what PostgreSQL's bigint holds, sane seconds.
+    ("confirm-id-beyond-bigint", subjects.LEDGER_RESOURCE_CONFIRM, {"resourceId": 2**63}, 400, "resourceId"),
+    ("confirm-id-10e30", subjects.LEDGER_RESOURCE_CONFIRM, {"resourceId": 10**30}, 400, "resourceId"),
+    ("fail-id-beyond-bigint", subjects.LEDGER_RESOURCE_FAIL, {"resourceId": 2**63, "error": "x"}, 400,
+     "resourceId"),
+    ("reverted-id-beyond-bigint", subjects.LEDGER_SWEEP_REVERTED, {"resourceId": 2**64}, 400, "resourceId"),
+    ("outcomes-id-beyond-bigint", subjects.LEDGER_SWEEP_OUTCOMES,
+     {"outcomes": [{"resourceId": 10**30, "verdict": "reverted"}]}, 400, "outcomes.0.resourceId"),
+    ("reserve-deadline-2-70", subjects.LEDGER_RESOURCE_RESERVE, {**KEY, "leaseDeadline": 2**70}, 400,
+     "leaseDeadline"),
+    ("record-deadline-beyond-bigint", subjects.LEDGER_RESOURCE_RECORD, {**KEY, "leaseDeadline": 2**63}, 400,
+     "leaseDeadline"),
+    ("claim-timeout-1e308", subjects.LEDGER_SWEEP_CLAIM, {"runId": RUN, "claimTimeoutS": 1e308}, 400,
+     "claimTimeoutS"),
+    ("claim-timeout-2-70", subjects.LEDGER_SWEEP_CLAIM, {"runId": RUN, "claimTimeoutS": 2**70}, 400,
+     "claimTimeoutS"),
+    ("claim-timeout-a-year", subjects.LEDGER_SWEEP_CLAIM, {"runId": RUN, "claimTimeoutS": 365 * 86400}, 400,
+     "claimTimeoutS"),
+    ("console-after-beyond-bigint", subjects.LEDGER_CONSOLE, {"runId": RUN, "after": 2**63}, 400, "after"),
+    ("console-limit-zero", subjects.LEDGER_CONSOLE, {"runId": RUN, "limit": 0}, 400, "limit"),
+    ("live-after-negative", subjects.LEDGER_LIVE, {"module": "world", "after": -1}, 400, "after"),
+    # Free-form fields: capped, and only what PostgreSQL can store.
+    ("record-revert-over-the-cap", subjects.LEDGER_RESOURCE_RECORD, {**KEY, "revert": {"blob": "x" * 600_000}},
+     400, "revert"),
+    ("record-revert-of-huge-numbers", subjects.LEDGER_RESOURCE_RECORD, {**KEY, "revert": {"n": [1e308] * 30}},
+     400, "revert"),
+    ("record-revert-too-deep", subjects.LEDGER_RESOURCE_RECORD, {**KEY, "revert": {"a": [[[[[[[[[[[[[[[[[[[[[[
+        [[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}}, 400, "revert"),
+    ("record-revert-with-nul", subjects.LEDGER_RESOURCE_RECORD, {**KEY, "revert": {"key": "a\u0000b"}}, 400,
+     "revert"),
+    ("record-ref-with-nul", subjects.LEDGER_RESOURCE_RECORD, {**KEY, "ref": "c\u00001"}, 400, "ref"),
+    ("record-kind-with-lone-surrogate", subjects.LEDGER_RESOURCE_RECORD, {**KEY, "kind": "\ud800"}, 400, "kind"),
+    ("record-key-with-nul", subjects.LEDGER_RESOURCE_RECORD, {**KEY, "idempotencyKey": "k\u0000"}, 400,
+     "idempotencyKey"),
+    ("create-event-with-nul", subjects.LEDGER_RUN_CREATE, {"shard": "uo1", "event": "a\u0000"}, 400, "event"),
+    ("fail-error-with-nul", subjects.LEDGER_RESOURCE_FAIL, {"resourceId": 1, "error": "a\u0000"}, 400, "error"),
+    ("outcomes-error-with-surrogate", subjects.LEDGER_SWEEP_OUTCOMES,
+     {"outcomes": [{"resourceId": 1, "verdict": "failed", "error": "\udfff"}]}, 400, "outcomes.0.error"),
+    ("reconcile-present-with-nul", subjects.ledger_reconcile("world"), {"runId": RUN, "present": ["c\u0000"]},
+     400, "present.0"),
+    ("finish-summary-over-the-cap", subjects.LEDGER_SWEEP_FINISH,
+     {"runId": RUN, "summary": {"failures": ["x" * 70_000]}}, 400, "summary"),
+    ("finish-summary-with-nul", subjects.LEDGER_SWEEP_FINISH, {"runId": RUN, "summary": {"a\u0000": 1}}, 400,
+     "summary"),
+]
+
+RAW_CASES = [
+    # (case id, subject, raw body, words the 400 must contain): bodies json.dumps cannot write.
+    ("deeply-nested-record", subjects.LEDGER_RESOURCE_RECORD, b"[" * 100_000, "body"),
+    ("deeply-nested-console", subjects.LEDGER_CONSOLE, b"[" * 100_000, "body"),
+    ("deeply-nested-outcomes", subjects.LEDGER_SWEEP_OUTCOMES, b'{"outcomes": ' + b"[" * 100_000, "body"),
+    ("5000-digit-id", subjects.LEDGER_RESOURCE_CONFIRM, b'{"resourceId": ' + b"7" * 5000 + b"}", "resourceId"),
+    ("5000-digit-deadline", subjects.LEDGER_RESOURCE_RECORD,
+     json.dumps(KEY).encode()[:-1] + b', "leaseDeadline": ' + b"9" * 5000 + b"}", "leaseDeadline"),
+    ("5000-digit-number-in-revert", subjects.LEDGER_RESOURCE_RECORD,
+     json.dumps(KEY).encode()[:-1] + b', "revert": {"n": -' + b"9" * 5000 + b"}}", "revert"),
+    ("5000-digit-claim-timeout", subjects.LEDGER_SWEEP_CLAIM,
+     b'{"runId": "known-run", "claimTimeoutS": ' + b"1" * 5000 + b"}", "claimTimeoutS"),
+    ("claim-timeout-infinity", subjects.LEDGER_SWEEP_CLAIM, b'{"runId": "known-run", "claimTimeoutS": Infinity}',
+     "claimTimeoutS"),
+    ("claim-timeout-nan", subjects.LEDGER_SWEEP_CLAIM, b'{"runId": "known-run", "claimTimeoutS": NaN}',
+     "claimTimeoutS"),
+    ("revert-with-nan", subjects.LEDGER_RESOURCE_RECORD, json.dumps(KEY).encode()[:-1] + b', "revert": {"x": NaN}}',
+     "revert"),
+    ("summary-with-infinity", subjects.LEDGER_SWEEP_FINISH, b'{"runId": "known-run", "summary": {"x": -Infinity}}',
+     "summary"),
 ]
 
 NOT_AN_OBJECT = [b"[1, 2]", b'"a string"', b"42", b"null", b"not json"]
@@ -91,6 +158,50 @@ async def test_a_body_that_is_not_a_json_object_is_a_400_and_changes_nothing(led
     reply = await ledger.raw(subject, payload)
     assert reply["status"] == 400 and "body" in reply["error"]
     assert await _snapshot(db) == known_run
+
+
+@pytest.mark.parametrize(("subject", "payload", "named"), [case[1:] for case in RAW_CASES],
+                         ids=[case[0] for case in RAW_CASES])
+async def test_a_body_json_cannot_hold_or_python_cannot_read_is_a_400_and_changes_nothing(
+        ledger, db, known_run, subject, payload, named):
+    reply = await ledger.raw(subject, payload)
+    assert reply["status"] == 400, reply
+    assert named in reply["error"]
+    assert await _snapshot(db) == known_run
+
+
+@pytest.mark.parametrize("payload", [b"[" * 100_000, b'{"kind": "creature", "ref": ' + b"1" * 5000 + b"}",
+                                     b'{"kind": "creature", "ref": "c0\\u0000"}',
+                                     b'{"kind": "creature", "ref": "\\ud800"}'])
+async def test_a_malformed_expiry_answers_nothing_expired_and_changes_nothing(ledger, db, known_run, payload):
+    reply = await ledger.raw(subjects.ledger_expired("world"), payload)
+    assert reply == {"status": 200, "expired": 0}
+    assert await _snapshot(db) == known_run
+
+
+async def test_the_health_subjects_read_no_body(ledger):
+    for subject in (subjects.health("ledger"), subjects.PING):
+        reply = await ledger.raw(subject, b"[" * 100_000)
+        assert reply["status"] == 200 and reply["service"] == "ledger", reply
+
+
+async def test_a_revert_is_capped_as_postgresql_renders_it(ledger, db, known_run):
+    # {"k": "xxx…"} renders as 9 bytes plus the text: the cap exactly is taken, one byte more is not.
+    at_cap = {"k": "x" * (REVERT_MAX_BYTES - 9)}
+    reply = await ledger.record(RUN, "at-cap", revert=at_cap)
+    assert reply["status"] == 200, reply
+    stored = await db.fetchval("SELECT octet_length(revert::text) FROM resources WHERE ref = 'at-cap'")
+    assert stored == REVERT_MAX_BYTES
+    over = await ledger.record(RUN, "over-cap", revert={"k": "x" * (REVERT_MAX_BYTES - 8)})
+    assert over["status"] == 400 and "revert" in over["error"] and "8192" in over["error"]
+    # Two-byte characters count twice, escapes as PostgreSQL writes them, numbers as it prints them.
+    assert (await ledger.record(RUN, "wide", revert={"k": "é" * (REVERT_MAX_BYTES // 2)}))["status"] == 400
+    odd = {"z": [1.5e-7, 1e20, 100.0, -0.0, 12345678901234567890, True, None, "tab\there \u0001 \"q\" \\"],
+           "a": {"": [], "n": {}}, "é": "ü€😀", "k" * 50: 1e300}
+    reply = await ledger.record(RUN, "odd", revert=odd)
+    assert reply["status"] == 200, reply
+    stored = await db.fetchval("SELECT octet_length(revert::text) FROM resources WHERE ref = 'odd'")
+    assert rendered_size(odd) == stored
 
 
 async def test_the_ledger_keeps_serving_after_bad_input(ledger, known_run):
