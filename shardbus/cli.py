@@ -1,17 +1,105 @@
 """The ``shardbus`` command: ``up``, ``run SERVICE``, ``migrate``, ``healthcheck SERVICE``,
 ``status`` (``shardbus/status.py``), and the commands each service adds in its own
-``commands.py`` (``register(subparsers)``)."""
+``commands.py`` (``register(subparsers)``).
+
+An outage is a sentence, never a traceback: a command that cannot reach NATS or the database
+says so (without the URL's password) and exits 1; one whose NATS connection is lost while it
+waits for an answer says that at once instead of waiting out its timeout. ``shardbus run``
+ends within :data:`STOP_TIMEOUT_S` of SIGTERM or Ctrl-C, whatever NATS does meanwhile.
+"""
 
 from __future__ import annotations
+
+DESCRIPTION = ("The bridge between game shards and their communities' websites, over NATS: run the whole "
+               "system (up), one service (run), the ledger's migrations (migrate), and ask what is running "
+               "(status).")
+"""What ``shardbus --help`` says first: plain text (the docstring above is for readers of the code)."""
 
 import argparse
 import asyncio
 import importlib
+import logging
+import os
+import signal
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 SERVICES = ("gateway", "ledger", "cleanup", "installer")
 """The services ``shardbus run`` can start."""
+
+STOP_TIMEOUT_S = 8.0
+"""A service ends at most this long after SIGTERM (or SIGINT), NATS away or not: its stop
+(in-flight requests get ``shared.broker.STOP_GRACE_S``, then NATS is drained, or closed when it
+is away) normally takes well under it; past it the process exits anyway. Below the 10 s that
+compose (``stop_grace_period``), ``shardbus up`` and the tests give before a SIGKILL."""
+
+TEMPFAIL_EXIT_CODE = 75
+"""How ``shardbus run`` exits when the service cannot go on because NATS or (the ledger's) database
+is unreachable — e.g. at start (EX_TEMPFAIL: try again; compose and ``shardbus up`` restart it)."""
+
+
+# --- NATS, for the commands that ask a running service -------------------------------------
+
+class NatsAway(Exception):
+    """NATS could not be reached, or the connection closed before the answer came; the message
+    is the sentence to print (no password)."""
+
+
+def nats_failure(servers: list[str] | str, exc: BaseException) -> str:
+    """What to print when connecting to NATS failed with ``exc``: ``cannot reach NATS at <url>``
+    for an outage, else what the server said; any password masked."""
+    import nats.errors
+
+    from shared.logs import redact
+
+    where = redact(servers if isinstance(servers, str) else ",".join(servers))
+    if isinstance(exc, (nats.errors.NoServersError, nats.errors.ConnectionClosedError,
+                        nats.errors.StaleConnectionError, OSError, asyncio.TimeoutError)):
+        return f"cannot reach NATS at {where}"
+    return f"NATS at {where} refused the connection: {redact(str(exc)) or type(exc).__name__}"
+
+
+async def quiet(_exc: Exception) -> None:
+    """An ``error_cb`` for commands: nats-py logs every failed connection attempt; the command
+    says it once instead."""
+
+
+class ClosedWatch:
+    """Its :meth:`on_closed` is a ``closed_cb`` remembering that the connection closed for good
+    (its reconnect attempts ran out, or reconnecting was off), so a command waiting for an
+    answer stops waiting."""
+
+    def __init__(self) -> None:
+        self.closed = asyncio.Event()
+
+    async def on_closed(self) -> None:
+        self.closed.set()
+
+
+async def request_while_connected(nc: Any, watch: ClosedWatch, subject: str, data: bytes, timeout: float,
+                                  lost: str) -> Any:
+    """``nc.request``, but raising :class:`NatsAway` (``lost``) as soon as the connection closes:
+    nats-py would leave the request waiting out its whole timeout for an answer that can no
+    longer come."""
+    import nats.errors
+
+    request = asyncio.ensure_future(nc.request(subject, data, timeout=timeout))
+    closed = asyncio.ensure_future(watch.closed.wait())
+    try:
+        await asyncio.wait({request, closed}, return_when=asyncio.FIRST_COMPLETED)
+        if request.done():
+            try:
+                return request.result()
+            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError,
+                    nats.errors.OutboundBufferLimitError, nats.errors.StaleConnectionError) as exc:
+                raise NatsAway(lost) from exc
+        raise NatsAway(lost)
+    finally:
+        for task in (request, closed):
+            task.cancel()
+        await asyncio.gather(request, closed, return_exceptions=True)
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
@@ -36,33 +124,130 @@ def _nats_nodes_arg(value: str) -> int:
     return int(value)
 
 
+class StopDeadline:
+    """Once a stop is asked for (SIGTERM, SIGINT), the process ends within ``timeout_s`` even if
+    the orderly stop hangs: nats-py on Python 3.11 can swallow a task's cancellation while it
+    reconnects (``asyncio.wait_for`` returns a connect attempt that finished in the same
+    instant), leaving a reconnect loop that outlives ``asyncio.run``. A daemon timer thread
+    logs one line and ``os._exit``s half a second before ``timeout_s`` (the time to exit); it
+    cannot be held up by the event loop."""
+
+    EXIT_MARGIN_S = 0.5
+
+    def __init__(self, service: str, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        self.service, self.timeout_s = service, timeout_s
+        self._timer: threading.Timer | None = None
+
+    @property
+    def armed(self) -> bool:
+        """Whether a stop was asked for."""
+        return self._timer is not None
+
+    def arm(self) -> None:
+        if self._timer is None:
+            self._timer = threading.Timer(self.timeout_s - self.EXIT_MARGIN_S, self._expire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _expire(self) -> None:
+        logging.getLogger("shardbus").warning(
+            "stop did not finish in time; exiting anyway", extra={"stop_timeout_s": self.timeout_s})
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(0)
+
+
+async def serve(app: Any, deadline: StopDeadline) -> None:
+    """Run ``app`` until SIGTERM or SIGINT, arming ``deadline`` when one arrives."""
+    loop = asyncio.get_running_loop()
+    running = asyncio.ensure_future(app.run())
+    await asyncio.sleep(0)  # run() installs FastStream's signal handlers first thing; ours replace them
+
+    def stop(_sig: int) -> None:
+        deadline.arm()
+        app.exit()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop, sig)
+    await running
+
+
+def _nats_error(exc: BaseException, *, away_only: bool = False) -> bool:
+    """Whether ``exc`` (every one, for a group) is nats-py's; with ``away_only``, one saying NATS
+    or its JetStream is away (unreachable, closed, not answering) rather than refusing."""
+    import nats.errors
+    import nats.js.errors
+
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_nats_error(e, away_only=away_only) for e in exc.exceptions)
+    if not away_only:
+        return isinstance(exc, nats.errors.Error)
+    if isinstance(exc, nats.js.errors.APIError) and not isinstance(exc, nats.js.errors.ServiceUnavailableError):
+        return exc.code == 503
+    return isinstance(exc, (nats.errors.NoServersError, nats.errors.ConnectionClosedError,
+                            nats.errors.StaleConnectionError, nats.errors.NoRespondersError,
+                            nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError,
+                            nats.js.errors.NoStreamResponseError))  # not OSError: a database's too
+
+
+def _database_outage(exc: BaseException) -> bool:
+    from services.ledger.store import is_outage
+
+    return is_outage(exc)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    import logging
-
-    from nats.errors import ConnectionClosedError, ConnectionReconnectingError
-
     from shared import logs
+    from shared.database import safe_url
     from shared.settings import CommonSettings
 
-    logs.configure(args.service, CommonSettings().log_level)
+    settings = CommonSettings()
+    logs.configure(args.service, settings.log_level)
+    log = logging.getLogger("shardbus")
     app_module = importlib.import_module(f"services.{args.service}.app")
+    deadline = StopDeadline(args.service)
     try:
-        asyncio.run(app_module.create_app().run())
+        asyncio.run(serve(app_module.create_app(), deadline))
     except KeyboardInterrupt:
         pass
-    except (ConnectionReconnectingError, ConnectionClosedError) as exc:  # NATS gone at shutdown
-        logging.getLogger("shardbus").warning("stopped without a clean NATS drain",
-                                              extra={"reason": repr(exc)})
+    except Exception as exc:  # noqa: BLE001 — sorted below; anything else is re-raised
+        if deadline.armed and _nats_error(exc):  # NATS gone while stopping
+            log.warning("stopped without a clean NATS drain", extra={"reason": repr(exc)})
+        elif _nats_error(exc, away_only=True):  # e.g. JetStream away while the installer starts
+            log.error("NATS is unreachable; exiting so the supervisor starts the service again",
+                      extra={"reason": repr(exc), "exit_code": TEMPFAIL_EXIT_CODE})
+            return TEMPFAIL_EXIT_CODE
+        elif args.service == "ledger" and _database_outage(exc):  # e.g. the start's migration
+            log.error("the database is unreachable; exiting so the supervisor starts the ledger again",
+                      extra={"reason": type(exc).__name__, "database": safe_url(settings.database_url),
+                             "exit_code": TEMPFAIL_EXIT_CODE})
+            return TEMPFAIL_EXIT_CODE
+        else:
+            raise
+    finally:
+        deadline.disarm()
     return 0
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
     from services.ledger import migrate
     from services.ledger.settings import LedgerSettings
+    from services.ledger.store import is_outage
     from shared.database import safe_url
 
     url = args.database_url or LedgerSettings().database_url
-    revision = asyncio.run(migrate.upgrade(url))
+    try:
+        revision = asyncio.run(migrate.upgrade(url))
+    except Exception as exc:  # noqa: BLE001 — an outage is a sentence; anything else a traceback
+        if not is_outage(exc):
+            raise
+        print(f"cannot reach the database at {safe_url(url)} ({type(exc).__name__}); nothing was "
+              "migrated, try again when it is up", file=sys.stderr)
+        return 1
     print(f"{safe_url(url)} is at revision {revision} (code head {migrate.head_revision()})")
     return 0
 
@@ -82,7 +267,7 @@ def _cmd_healthcheck(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser, with every service's own commands registered."""
-    parser = argparse.ArgumentParser(prog="shardbus", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="shardbus", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="run the whole system on the embedded default")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO
 
 from shardbus import embedded
+from shardbus.cli import STOP_TIMEOUT_S
 from shared.broker import health_file_is_fresh
 
 SERVICES = ("gateway", "ledger", "cleanup", "installer")
@@ -207,9 +208,11 @@ class Stack:
         for child in self.children:
             if child.proc and child.proc.poll() is None:
                 child.proc.send_signal(signal.SIGTERM)
+        # Each ends within shardbus.cli.STOP_TIMEOUT_S of its SIGTERM, NATS away or not; the
+        # margin covers a loaded machine, then it is killed.
         for child in self.children:
             if child.proc:
-                embedded.stop_process(child.proc, signal.SIGTERM, 10.0)
+                embedded.stop_process(child.proc, signal.SIGTERM, STOP_TIMEOUT_S + 2.0)
         if self.postgres:
             self.postgres.stop()
         if self.nats:

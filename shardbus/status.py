@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -29,10 +30,6 @@ DEFAULT_WAIT_S = 1.0
 
 INCOMPLETE_LIMIT = 100
 """At most this many incomplete runs are listed."""
-
-
-async def _quiet(_exc: Exception) -> None:
-    """nats-py prints every failed connection attempt; the command says it once instead."""
 
 
 async def scatter_gather(nc: Any, subject: str, payload: bytes, wait_s: float) -> list[dict[str, Any]]:
@@ -121,9 +118,11 @@ async def gather(nats_url: str, wait_s: float = DEFAULT_WAIT_S) -> dict[str, Any
     from shared.logs import redact
     from shared.nats_connect import connection_name, inbox_prefix
 
+    from shardbus.cli import quiet
+
     servers = [url.strip() for url in nats_url.split(",") if url.strip()]
     nc = await nats.connect(servers, name=connection_name("status"), inbox_prefix=inbox_prefix(servers),
-                            connect_timeout=5, allow_reconnect=False, max_reconnect_attempts=1, error_cb=_quiet)
+                            connect_timeout=5, allow_reconnect=False, max_reconnect_attempts=1, error_cb=quiet)
     errors: list[str] = []
 
     async def part(name: str, job: Any, fallback: Any) -> Any:
@@ -141,7 +140,8 @@ async def gather(nats_url: str, wait_s: float = DEFAULT_WAIT_S) -> dict[str, Any
             part("incomplete runs", _incomplete_runs(nc, max(wait_s, 2.0)), []),
         )
     finally:
-        await nc.close()
+        with contextlib.suppress(Exception):  # NATS gone meanwhile: the parts already said so
+            await nc.close()
     return {
         "nats": ",".join(redact(url) for url in servers),
         "at": round(time.time(), 3),
@@ -201,16 +201,16 @@ def render(status: dict[str, Any]) -> str:
 # --- the command -------------------------------------------------------------------------
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from nats.errors import NoServersError
+    import nats.errors
 
-    from shared.logs import redact
+    from shardbus.cli import nats_failure
     from shared.settings import CommonSettings
 
     url = args.nats_url or CommonSettings().nats_url
     try:
         status = asyncio.run(gather(url, args.wait))
-    except (NoServersError, OSError, asyncio.TimeoutError):
-        print(f"cannot reach NATS at {redact(url)}", file=sys.stderr)
+    except (nats.errors.Error, OSError) as exc:  # the connect failed (the parts catch their own)
+        print(nats_failure(url, exc), file=sys.stderr)
         return 1
     print(json.dumps(status, indent=2) if args.json else render(status))
     return 0

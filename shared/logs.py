@@ -77,3 +77,15 @@ def configure(service: str, level: str = "INFO") -> None:
     for name in ("faststream", "nats"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
+    # One line per thing that happened: Alembic's "setup plugin …" lines (7 per ledger start)
+    # say nothing the ledger's own "schema ready" does not, and a service has no terminal.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    handler.addFilter(_no_terminal_hint)
+
+
+def _no_terminal_hint(record: logging.LogRecord) -> bool:
+    """FastStream's start line, without "To exit, press CTRL+C": a service runs under a
+    supervisor or ``shardbus up``, whose own way to stop is documented."""
+    if isinstance(record.msg, str) and record.msg.endswith(" To exit, press CTRL+C"):
+        record.msg = record.msg[: -len(" To exit, press CTRL+C")]
+    return True

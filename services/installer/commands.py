@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import uuid
@@ -37,16 +38,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    nc = await connect(CommonSettings().nats_servers(), "cli", max_reconnect_attempts=2, connect_timeout=5)
+    import nats.errors
+
+    from shardbus.cli import ClosedWatch, nats_failure, quiet
+
+    servers = CommonSettings().nats_servers()
+    watch = ClosedWatch()
+    try:
+        # A short NATS blip is ridden out (two reconnect attempts); past that the connection
+        # closes and the command says so rather than waiting out --timeout.
+        nc = await connect(servers, "cli", max_reconnect_attempts=2, connect_timeout=5, error_cb=quiet,
+                           closed_cb=watch.on_closed)
+    except (nats.errors.Error, OSError) as exc:
+        print(nats_failure(servers, exc), file=sys.stderr)
+        return 1
     try:
         if args.action == "install":
-            reply = await _install(nc, args)
+            reply = await _install(nc, watch, args)
         elif args.action == "remove":
-            reply = await _request(nc, subjects.INSTALLER_REMOVE, {"id": args.id}, args.timeout)
+            reply = await _request(nc, watch, subjects.INSTALLER_REMOVE, {"id": args.id}, args.timeout)
         else:
-            reply = await _request(nc, subjects.INSTALLER_LIST, {}, args.timeout)
+            reply = await _request(nc, watch, subjects.INSTALLER_LIST, {}, args.timeout)
+    except (nats.errors.Error, OSError) as exc:  # NATS went away before the request left
+        reply = {"status": 503, "error": f"lost the connection to NATS ({type(exc).__name__}); try again"}
     finally:
-        await nc.close()
+        with contextlib.suppress(Exception):  # nats-py's close of a lost connection can raise
+            await nc.close()
     if args.json:
         print(json.dumps(reply, indent=2))
     else:
@@ -54,15 +71,26 @@ async def _run(args: argparse.Namespace) -> int:
     return 0 if 200 <= reply.get("status", 500) < 300 else 1
 
 
-async def _request(nc: Any, subject: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+async def _request(nc: Any, watch: Any, subject: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+    from nats.errors import NoRespondersError
+
+    from shardbus.cli import NatsAway, request_while_connected
+
     try:
-        message = await nc.request(subject, json.dumps(body).encode(), timeout=timeout)
-    except Exception as exc:  # no responders, timeout: say so as a reply would
+        message = await request_while_connected(
+            nc, watch, subject, json.dumps(body).encode(), timeout,
+            lost="lost the connection to NATS before the installer answered; it may still finish: "
+                 "see `shardbus module list`")
+    except NatsAway as exc:
+        return {"status": 503, "error": str(exc)}
+    except NoRespondersError:
+        return {"status": 503, "error": f"no installer is running (nobody answers {subject})"}
+    except Exception as exc:  # a timeout: say so as a reply would
         return {"status": 503, "error": f"no answer from the installer on {subject} ({type(exc).__name__})"}
     return json.loads(message.data)
 
 
-async def _install(nc: Any, args: argparse.Namespace) -> dict[str, Any]:
+async def _install(nc: Any, watch: Any, args: argparse.Namespace) -> dict[str, Any]:
     from tqdm import tqdm
 
     request_id = uuid.uuid4().hex
@@ -79,10 +107,11 @@ async def _install(nc: Any, args: argparse.Namespace) -> dict[str, Any]:
 
     subscription = await nc.subscribe(subjects.installer_progress(request_id), cb=on_progress)
     try:
-        return await _request(nc, subjects.INSTALLER_INSTALL, {"url": args.url, "requestId": request_id},
+        return await _request(nc, watch, subjects.INSTALLER_INSTALL, {"url": args.url, "requestId": request_id},
                               args.timeout)
     finally:
-        await subscription.unsubscribe()
+        with contextlib.suppress(Exception):  # a connection already closed has no subscription left
+            await subscription.unsubscribe()
         if bar:
             bar[0].close()
 

@@ -6,6 +6,11 @@ the holder renews it with compare-and-set updates, and the bucket's max age expi
 the holder dies, so a crashed replica cannot block the site for ever. While holding it, a
 replica reads the modules directory and decides (409, upgrade, or install), so two
 replicas can never both decide the site is free.
+
+NATS away (stopped, restarting, JetStream without a leader) while a lock is wanted answers
+503 ("try again shortly") before anything changes; while one is held, the holder keeps
+renewing until its lease runs out and checks it is still its own before swapping anything in
+(:meth:`Lease.confirm`).
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
-from nats.js.errors import (BadRequestError, BucketNotFoundError, KeyNotFoundError,
-                            KeyWrongLastSequenceError, NotFoundError)
+from nats.js.errors import (APIError, BadRequestError, BucketNotFoundError, KeyNotFoundError,
+                            KeyWrongLastSequenceError, NoStreamResponseError, NotFoundError,
+                            ServiceUnavailableError)
 from nats.js.kv import KeyValue
 
 from services.installer.refusals import SITE_TAKEN, Refused
@@ -35,6 +42,28 @@ RENEWALS_PER_LEASE = 3
 
 MAX_POLL_S = 0.1
 """Longest pause between two tries of a waiter (a try is one small KV request)."""
+
+NATS_AWAY = 503
+"""A lock that cannot be taken because NATS (or its JetStream) is away: nothing changed."""
+
+
+def nats_is_away(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a key-value request, means NATS or JetStream is away rather
+    than that the request was wrong: no answer in time, the connection closed, draining or
+    reconnecting with a full buffer, no JetStream responding, JetStream's own 503."""
+    if isinstance(exc, ServiceUnavailableError):  # nobody answers the JetStream API (no JetStream)
+        return True
+    if isinstance(exc, APIError):
+        return exc.code == 503  # "JetStream system temporarily unavailable", no meta leader
+    return isinstance(exc, (nats.errors.TimeoutError, nats.errors.NoRespondersError, NoStreamResponseError,
+                            nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError,
+                            nats.errors.ConnectionReconnectingError, nats.errors.OutboundBufferLimitError,
+                            nats.errors.StaleConnectionError, asyncio.TimeoutError, OSError))
+
+
+def _unavailable(exc: BaseException) -> Refused:
+    return Refused(NATS_AWAY, f"the site lock cannot be taken: NATS is unreachable ({type(exc).__name__}); "
+                              "nothing was changed, try again shortly")
 
 
 async def open_bucket(js: JetStreamContext, bucket: str, lease_s: float, replicas: int = 1) -> KeyValue:
@@ -108,8 +137,14 @@ class SiteLock:
 
     @asynccontextmanager
     async def hold(self, purpose: str) -> AsyncIterator[Lease]:
-        """Hold the site lock for ``purpose`` (e.g. ``install uo-events``); 409 if it stays busy."""
-        status = await self.kv.status()
+        """Hold the site lock for ``purpose`` (e.g. ``install uo-events``); 409 if it stays busy,
+        503 if NATS is away."""
+        try:
+            status = await self.kv.status()
+        except Exception as exc:
+            if nats_is_away(exc):
+                raise _unavailable(exc) from exc
+            raise
         lease_s = status.ttl or self.lease_s
         value = json.dumps({"holder": f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
                             "purpose": purpose, "since": time.time()}).encode()
@@ -124,6 +159,10 @@ class SiteLock:
                                               "still running on this site; try again when it is done") from None
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, MAX_POLL_S)
+            except Exception as exc:
+                if nats_is_away(exc):
+                    raise _unavailable(exc) from exc
+                raise
         lease = Lease(self.kv, self.key, value, revision, lease_s / RENEWALS_PER_LEASE)
         try:
             yield lease

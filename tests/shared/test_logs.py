@@ -38,3 +38,17 @@ def test_a_field_named_like_a_secret_is_masked_whatever_its_value():
 def test_each_line_names_its_service_level_and_message():
     entry = _format("started")
     assert (entry["service"], entry["level"], entry["msg"]) == ("test", "info", "started")
+
+
+def test_a_service_start_logs_no_terminal_hint_and_no_alembic_plugin_lines(capsys):
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        logs.configure("test", "INFO")
+        logging.getLogger("shardbus.test.faststream").info("FastStream app started successfully! To exit, press CTRL+C")
+        logging.getLogger("alembic.runtime.plugins").info("setup plugin alembic.autogenerate.schemas")
+        lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    finally:
+        root.handlers[:], root.level = saved
+        logging.getLogger("alembic").setLevel(logging.NOTSET)
+    assert [e["msg"] for e in lines] == ["FastStream app started successfully!"]

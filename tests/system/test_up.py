@@ -62,3 +62,12 @@ def test_up_runs_everything_and_ctrl_c_leaves_no_process(state_dir):
         assert again["SHARD_TOKEN"] == found["SHARD_TOKEN"]
     finally:
         assert stop_up(proc) == []
+
+
+def test_the_help_says_what_shardbus_is_in_plain_words():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "shardbus", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    assert "``" not in done.stdout and "The bridge between game shards" in done.stdout
