@@ -5,16 +5,14 @@ is a 400 too, not a 500."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from shared.request_body import decode_body  # noqa: F401  (the cleanup subjects' decoder)
+
 RUN_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 """What a run id may look like (the ledger's rule: it becomes a subject token)."""
-
-INT_DIGITS_MAX = 4300
-"""The longest integer Python reads from text (``sys.int_info.default_max_str_digits``)."""
 
 RunId = Annotated[str, StringConstraints(pattern=RUN_ID_PATTERN)]
 """A run id: letters, digits, ``_`` and ``-``, at most 64 (so no NUL, no surrogate either)."""
@@ -48,28 +46,3 @@ class ReconcileRequest(CleanupRequest):
     modules: list[ModuleName] | None = Field(default=None, max_length=100)
 
 
-class OversizedNumber:
-    """A JSON integer with more digits than Python reads: it fails validation naming its field."""
-
-    def __init__(self, digits: int) -> None:
-        self.digits = digits
-
-    def __repr__(self) -> str:
-        return f"<a number of {self.digits} digits>"
-
-
-def _read_int(text: str) -> int | OversizedNumber:
-    digits = len(text) - text.startswith("-")
-    return OversizedNumber(digits) if digits > INT_DIGITS_MAX else int(text)
-
-
-async def decode_body(msg: Any) -> Any:
-    """A request body as its JSON value (FastStream's decoder for the cleanup subjects): an
-    over-long integer becomes :class:`OversizedNumber` (validation names its field); a body
-    that is not JSON, or nested deeper than Python reads, is handed on as its bytes, which no
-    request model takes (a 400 naming the body)."""
-    body = msg.body
-    try:
-        return json.loads(body, parse_int=_read_int)
-    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        return body

@@ -22,6 +22,7 @@ from pydantic.alias_generators import to_camel
 
 from services.ledger.statuses import CLEANUP_STATUSES, RUN_STATUSES
 from services.ledger.tables import ERROR_MAX, ID_PATTERN, IDEMPOTENCY_KEY_MAX, KIND_MAX, REF_MAX
+from shared.request_body import INT_DIGITS_MAX, OversizedNumber, decode_body  # noqa: F401  (decode_body: app.py)
 from shared.subjects import SHARD_ID_PATTERN
 
 BIGINT_MAX = 2**63 - 1
@@ -42,9 +43,6 @@ SUMMARY_MAX_BYTES = 64 * 1024
 
 JSON_DEPTH_MAX = 32
 """The deepest nesting of objects and arrays taken inside ``revert`` or ``summary``."""
-
-INT_DIGITS_MAX = 4300
-"""The longest integer Python reads from text (``sys.int_info.default_max_str_digits``)."""
 
 
 def _storable(value: str) -> str:
@@ -174,36 +172,6 @@ Revert = Annotated[dict[str, Any], _capped("revert", REVERT_MAX_BYTES)]
 
 Summary = Annotated[dict[str, Any], _capped("summary", SUMMARY_MAX_BYTES)]
 """A sweep's summary for the run log (a JSON object of at most :data:`SUMMARY_MAX_BYTES`)."""
-
-
-class OversizedNumber:
-    """A JSON integer with more digits than Python reads: it fails validation naming its field
-    (a 400) instead of failing the decoding (a 500)."""
-
-    def __init__(self, digits: int) -> None:
-        self.digits = digits
-
-    def __repr__(self) -> str:
-        return f"<a number of {self.digits} digits>"
-
-
-def _read_int(text: str) -> int | OversizedNumber:
-    digits = len(text) - text.startswith("-")
-    return OversizedNumber(digits) if digits > INT_DIGITS_MAX else int(text)
-
-
-async def decode_body(msg: Any) -> Any:
-    """A request body as its JSON value (FastStream's decoder for every ledger subject).
-
-    Integers longer than Python reads become :class:`OversizedNumber` (validation names the
-    field); a body that is not JSON, or nested deeper than Python's recursion limit, is
-    handed on as its bytes, which no request model takes (a 400 naming the body; an expiry
-    answers 0, as for any malformed expiry)."""
-    body = msg.body
-    try:
-        return json.loads(body, parse_int=_read_int)
-    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        return body
 
 
 class LedgerRequest(BaseModel):
