@@ -48,6 +48,9 @@ SKIPPED_HEADERS = {"KV-Operation", "Nats-Marker-Reason"}
 NEWS_ID = re.compile(r"[A-Za-z0-9]{1,64}")
 """A news item's id: it becomes a key token (``str.isalnum`` would also pass "é" or "٣")."""
 
+SHARD_ID_RULE = f"the shard in the subject must match {subjects.SHARD_ID_PATTERN}"
+"""The 400 of a board read or news item for a subject token that is no shard id."""
+
 READ_BATCH = 256
 """Entries fetched per round trip when reading a board."""
 
@@ -180,8 +183,10 @@ class BoardStore:
         if not direct(msg, subjects.BOARD_WILDCARD):
             return
         _, shard, _, board = msg.subject.split(".", 3)
-        if board not in self.buckets:
-            reply: dict[str, Any] = {"status": 404, "error": f"no board named {board!r}; boards: "
+        if not subjects.is_shard_id(shard):  # it becomes a consumer's filter subject
+            reply: dict[str, Any] = {"status": 400, "error": SHARD_ID_RULE}
+        elif board not in self.buckets:
+            reply = {"status": 404, "error": f"no board named {board!r}; boards: "
                                                              f"{', '.join(sorted(self.buckets))}"}
         else:
             try:
@@ -202,8 +207,10 @@ class BoardStore:
         except (ValueError, RecursionError):
             item = None
         news_id = item.get("id") if isinstance(item, dict) else None
-        if not isinstance(item, dict):
-            reply: dict[str, Any] = {"status": 400, "error": "body must be a JSON object"}
+        if not subjects.is_shard_id(shard):  # it becomes a key token
+            reply: dict[str, Any] = {"status": 400, "error": SHARD_ID_RULE}
+        elif not isinstance(item, dict):
+            reply = {"status": 400, "error": "body must be a JSON object"}
         elif isinstance(news_id, bool) or not isinstance(news_id, (int, str)) \
                 or not NEWS_ID.fullmatch(str(news_id)):
             reply = {"status": 400, "error": "id is required: 1-64 ASCII letters and digits naming the news item"}

@@ -185,3 +185,12 @@ async def test_a_jetstream_delivery_pointed_at_a_gateway_subject_is_refused(gate
     assert len(sim.news) == 1  # the forged delivery never reached the shard
     refusal = next(r for r in caplog.records if r.getMessage() == "message refused")
     assert "stream subject" in refusal.reason
+
+
+@pytest.mark.parametrize("request_subject", ["shard.{}.news.add", "shard.{}.board.guilds"])
+@pytest.mark.parametrize("token", ["é1", "UO1", "x" * 33])
+async def test_a_subject_token_that_is_no_shard_id_is_400_and_stores_nothing(gateway, nc, token, request_subject):
+    # The token becomes a key or a consumer's filter subject: matched whole, like a hello's.
+    reply = json.loads((await nc.request(request_subject.format(token), b'{"id":"n1"}', timeout=5)).data)
+    assert reply["status"] == 400 and "must match [a-z0-9_-]{1,32}" in reply["error"]
+    assert await gateway.gateway.boards.latest("news", token) == {}

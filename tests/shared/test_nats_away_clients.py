@@ -10,12 +10,9 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import nats
 import pytest
@@ -32,14 +29,6 @@ from tests.processes import ServiceProcesses
 
 SECRET = "hunter2-nats-pw"
 
-
-@pytest.fixture
-def own_nats(tmp_path: Path) -> Iterator[embedded.NatsServer]:
-    server = embedded.start_nats(tmp_path / "nats")
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def client(url: str, **options) -> nats.NATS:

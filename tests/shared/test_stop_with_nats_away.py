@@ -13,8 +13,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -31,16 +29,6 @@ SERVICE_SETTINGS = {
     "installer": {},
 }
 
-
-@pytest.fixture
-def own_nats(tmp_path: Path) -> Iterator[embedded.NatsServer]:
-    server = embedded.start_nats(tmp_path / "nats")
-    try:
-        yield server
-    finally:
-        if server.proc.poll() is None:
-            server.proc.send_signal(signal.SIGCONT)
-        server.stop()
 
 
 def stop_and_time(proc: subprocess.Popen) -> tuple[int | None, float]:
