@@ -5,6 +5,7 @@ the way a website and a game module would (requests over NATS)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -90,7 +91,15 @@ async def connect_shard(nc: nats.NATS, services: ServiceProcesses, shard: str, w
 @pytest.fixture
 async def shard(nc, services, unique) -> AsyncIterator[Shard]:
     """A gateway process and a simulated shard ``c<unique>`` connected to it."""
-    linked = await connect_shard(nc, services, f"c{unique}")
+    async with shard_with(nc, services, f"c{unique}") as linked:
+        yield linked
+
+
+@contextlib.asynccontextmanager
+async def shard_with(nc: nats.NATS, services: ServiceProcesses, shard: str,
+                     world: ShardWorld | None = None) -> AsyncIterator[Shard]:
+    """A gateway process with ``shard`` (its ``world``) connected; the simulator closed after."""
+    linked = await connect_shard(nc, services, shard, world)
     try:
         yield linked
     finally:

@@ -11,7 +11,7 @@ import pytest
 
 from shared import subjects
 from simulator.world import ShardWorld
-from tests.cleanup.conftest import ask, connect_shard, ok, start_cleanup
+from tests.cleanup.conftest import ask, ok, shard_with, start_cleanup
 
 
 class GarbledWorld(ShardWorld):
@@ -30,11 +30,8 @@ class GarbledWorld(ShardWorld):
 
 @pytest.fixture
 async def garbled_shard(nc, services, unique):
-    linked = await connect_shard(nc, services, f"g{unique}", world=GarbledWorld())
-    try:
+    async with shard_with(nc, services, f"g{unique}", GarbledWorld()) as linked:
         yield linked
-    finally:
-        await linked.sim.close()
 
 
 async def test_broken_answers_become_failed_rows_with_reasons_and_other_runs_go_on(

@@ -15,7 +15,7 @@ import pytest
 
 from shared import subjects
 from simulator.world import ShardWorld
-from tests.cleanup.conftest import connect_shard, ok, start_cleanup, wait_for
+from tests.cleanup.conftest import connect_shard, ok, shard_with, start_cleanup, wait_for
 
 MODULE = "arena"
 
@@ -164,11 +164,8 @@ class OldDialectWorld(ShardWorld):
 
 @pytest.fixture
 async def odd_shard(nc, services, unique):
-    linked = await connect_shard(nc, services, f"o{unique}", world=OldDialectWorld())
-    try:
+    async with shard_with(nc, services, f"o{unique}", OldDialectWorld()) as linked:
         yield linked
-    finally:
-        await linked.sim.close()
 
 
 async def test_an_answer_in_another_shape_is_unanswered_not_evidence_that_everything_is_gone(
