@@ -19,6 +19,22 @@ def is_shard_id(value: object) -> bool:
     return isinstance(value, str) and _SHARD_ID.fullmatch(value) is not None
 
 
+KIND_PATTERN = r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*"
+"""What a frame kind or command verb may look like: it becomes a subject's tail."""
+
+MAX_KIND_CHARS = 128
+"""Longest frame kind or command verb."""
+
+_KIND = re.compile(KIND_PATTERN)
+
+
+def is_safe_kind(kind: object) -> bool:
+    """True when ``kind`` may be a subject tail: dot-separated tokens of letters, digits,
+    ``_`` and ``-`` (no wildcards, whitespace, empty tokens or other characters), not too long."""
+    # fullmatch: ``$`` would also match before a trailing newline ("guild.update\n").
+    return isinstance(kind, str) and len(kind) <= MAX_KIND_CHARS and _KIND.fullmatch(kind) is not None
+
+
 # --- shard plane (owned by the gateway) ------------------------------------------------
 
 FRAMES_STREAM = "SHARD_FRAMES"
@@ -101,6 +117,11 @@ PING = "shardbus.ping"
 LEDGER_QUEUE = "ledger"
 """Queue group of every ledger request subject: replicas share the work."""
 
+LEDGER_ID_PATTERN = r"[A-Za-z0-9_-]{1,64}"
+"""What a run id and a module name may look like in the ledger (and in cleanup, the web door):
+each becomes a subject token (``ledger.events.run.<runId>``, ``ledger.expired.<module>``).
+Match it with ``re.fullmatch`` (``$`` would let "uo\\n" by)."""
+
 LEDGER_RUN_CREATE = "ledger.run.create"
 """Request: create an event run (idempotent on its runId)."""
 
@@ -130,6 +151,9 @@ LEDGER_LIVE = "ledger.live"
 
 LEDGER_LIVE_MODULES = "ledger.live.modules"
 """Request: every module that owns a live (pending, confirmed) row (what a reconcile of all asks)."""
+
+LEDGER_LOG = "ledger.log"
+"""Request: a page of a run's log entries (what happened to it and its rows), in order."""
 
 LEDGER_SWEEP_SETTLE = "ledger.sweep.settle"
 """Request: finished runs holding nothing unresolved get cleanup complete."""
@@ -166,6 +190,10 @@ LEDGER_RECONCILE_PATTERN = "ledger.reconcile.{module}"
 
 LEDGER_EVENTS_WILDCARD = "ledger.events.run.*"
 """Every run's update events."""
+
+LEDGER_EVENTS_STREAM = "LEDGER_EVENTS"
+"""The JetStream stream keeping every run's update events (declared by the ledger), so the web
+door's feed can replay them."""
 
 
 def ledger_expired(module: str) -> str:
@@ -221,6 +249,10 @@ INSTALLER_EVENTS = "installer.events"
 
 REQUEST_ID_PATTERN = r"[A-Za-z0-9_-]{1,64}"
 """What an install's ``requestId`` may look like; it becomes a subject token."""
+
+MODULE_ID_PATTERN = r"[a-z0-9][a-z0-9_-]{0,63}"
+"""What an installed module's id may look like: it names the module's directory and its NATS
+subjects. Match it with ``re.fullmatch``."""
 
 
 def installer_progress(request_id: str) -> str:

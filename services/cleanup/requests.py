@@ -10,14 +10,15 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from shared.request_body import decode_body  # noqa: F401  (the cleanup subjects' decoder)
+from shared.subjects import LEDGER_ID_PATTERN
 
-RUN_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+RUN_ID_PATTERN = rf"^{LEDGER_ID_PATTERN}$"
 """What a run id may look like (the ledger's rule: it becomes a subject token)."""
 
 RunId = Annotated[str, StringConstraints(pattern=RUN_ID_PATTERN)]
 """A run id: letters, digits, ``_`` and ``-``, at most 64 (so no NUL, no surrogate either)."""
 
-ModuleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+ModuleName = Annotated[str, StringConstraints(pattern=rf"^{LEDGER_ID_PATTERN}$")]
 """A module id: it becomes a subject token, so no dots, wildcards or spaces."""
 
 

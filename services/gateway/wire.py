@@ -7,17 +7,11 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shared.subjects import is_shard_id
-
-MAX_KIND_CHARS = 128
-"""Longest ``kind`` that may become a subject tail."""
-
-_SAFE_KIND = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+from shared.subjects import is_safe_kind, is_shard_id
 
 
 class LineTooLong(Exception):
@@ -91,13 +85,6 @@ def parse_object(line: bytes) -> tuple[dict[str, Any] | None, str]:
     if not isinstance(value, dict):
         return None, f"not a JSON object ({type(value).__name__})"
     return value, ""
-
-
-def is_safe_kind(kind: object) -> bool:
-    """True when ``kind`` may be a subject tail: dot-separated tokens of letters, digits,
-    ``_`` and ``-`` (no wildcards, whitespace, empty tokens or other characters), not too long."""
-    # fullmatch: ``$`` would also match before a trailing newline ("guild.update\n").
-    return isinstance(kind, str) and len(kind) <= MAX_KIND_CHARS and _SAFE_KIND.fullmatch(kind) is not None
 
 
 @dataclass(frozen=True)

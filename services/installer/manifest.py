@@ -19,13 +19,15 @@ import semantic_version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from services.installer.refusals import BAD_INPUT, Refused
+from shared import subjects
 from shared.replies import describe_validation_error
 
 MODULE_API_VERSION = "1.11.0"
 """The core module API this site offers; a module's ``coreApi`` range must accept it."""
 
-MODULE_ID_PATTERN = r"[a-z0-9][a-z0-9_-]{0,63}"
-"""What a module id may look like: it names the module's directory and NATS subjects."""
+MODULE_ID_PATTERN = subjects.MODULE_ID_PATTERN
+"""What a module id may look like: it names the module's directory and NATS subjects (one
+definition, in shared/subjects.py, for the installer and the web door)."""
 
 _MODULE_ID = re.compile(rf"^{MODULE_ID_PATTERN}$")
 

@@ -14,6 +14,7 @@ from faststream.nats import NatsBroker
 
 from services.ledger import console, expiry, migrate, resources, runs, statuses, sweep
 from services.ledger import requests as rq
+from services.ledger.event_stream import declare_events_stream
 from services.ledger.settings import LedgerSettings
 from services.ledger.store import Change, Database, DatabaseUnavailable, LedgerError, is_outage
 from shared import replies, subjects
@@ -72,6 +73,16 @@ def create_app(settings: LedgerSettings | None = None) -> FastStream:
             log.info("schema ready", extra={"revision": revision,
                                             "database": safe_url(settings.database_url)})
         await db.open()
+
+    @app.after_startup
+    async def keep_events() -> None:
+        # The web door's feed replays run events from this stream. Without it they are still
+        # published, only not replayable: a refusal (permissions, no JetStream) is logged.
+        try:
+            await declare_events_stream(broker.connection.jetstream(), settings.jetstream_replicas)
+        except Exception as exc:
+            log.warning("ledger events stream not declared; run events are not replayable",
+                        extra={"stream": subjects.LEDGER_EVENTS_STREAM, "reason": repr(exc)})
 
     @app.after_shutdown
     async def close_database() -> None:
@@ -160,6 +171,10 @@ def register_handlers(broker: NatsBroker, db: Database, concurrency: int) -> Non
     @subscriber(subjects.LEDGER_CONSOLE)
     async def run_console(body: rq.Console) -> bytes:
         return await console.console(db, body.run_id, body.after, body.limit, page_bytes())
+
+    @subscriber(subjects.LEDGER_LOG)
+    async def run_log(body: rq.RunLogPage) -> bytes:
+        return await console.run_log(db, body.run_id, body.after, body.limit, page_bytes())
 
     @subscriber(subjects.LEDGER_RUNS)
     async def list_runs(body: rq.ListRuns) -> bytes:

@@ -1,6 +1,6 @@
 """Reads: the run console (the run, a page of its resources, counts by status, unresolved),
-runs by status and cleanup status, a page of a module's live rows, and the modules owning live
-rows. PostgreSQL renders the whole answer as JSON in one query, so a console of 1,000 rows costs
+a page of the run's log, runs by status and cleanup status, a page of a module's live rows, and
+the modules owning live rows. PostgreSQL renders the whole answer as JSON in one query, so a console of 1,000 rows costs
 one round trip and no per-row Python.
 
 Replies that list rows are pages: at most ``limit`` rows and at most :data:`PAGE_BYTES` of them,
@@ -15,8 +15,8 @@ from services.ledger.resources import REVERT_INLINE_MAX, resource_json
 from services.ledger.statuses import LIVE, RESOURCE_STATUSES, UNRESOLVED
 from services.ledger.store import Database, NotFound, first, run_json
 
-__all__ = ["PAGE_BYTES", "REVERT_INLINE_MAX", "console", "list_runs", "live", "live_modules", "page_bytes",
-           "paged_rows"]
+__all__ = ["DETAIL_INLINE_MAX", "PAGE_BYTES", "REVERT_INLINE_MAX", "console", "list_runs", "live", "live_modules",
+           "page_bytes", "paged_rows", "run_log"]
 
 PAGE_BYTES = 768 * 1024
 """The most bytes of rows one reply carries (console, live rows, a claim, runs). NATS's
@@ -89,6 +89,43 @@ async def console(db: Database, run_id: str, after: int | None = None, limit: in
     if row is None:
         raise NotFound(f"no run {run_id!r}")
     return _with_rows(row.head, "resources", row.rows)
+
+
+DETAIL_INLINE_MAX = 128 * 1024
+"""The largest log entry ``detail`` a page carries (bytes as PostgreSQL prints it). Requests cap
+what reaches the log (a sweep's summary at 64 KiB), so only an entry written before those caps
+can pass this: it comes with ``"detail": null`` and ``"detailOmitted"`` (its size), so one entry
+never outgrows a page. The detail stays in the database, whole."""
+
+
+def _entry_json(alias: str) -> str:
+    """SQL rendering the run-log row ``alias`` as its wire JSON (an oversized detail left out)."""
+    a = alias
+    size = f"octet_length({a}.detail::text)"
+    head = f"'entryId', {a}.id, 'runId', {a}.run_id, 'resourceId', {a}.resource_id, 'kind', {a}.kind"
+    return (f"(CASE WHEN {size} <= {DETAIL_INLINE_MAX} "
+            f"THEN json_build_object({head}, 'detail', {a}.detail, 'at', {a}.at) "
+            f"ELSE json_build_object({head}, 'detail', NULL, 'detailOmitted', {size}, 'at', {a}.at) END)")
+
+
+async def run_log(db: Database, run_id: str, after: int | None = None, limit: int = 1000,
+                  budget: int = PAGE_BYTES) -> bytes:
+    """A page of the run's log as the reply's JSON bytes (``status`` 200 included), or NotFound:
+    the entries with an id above ``after``, oldest first (at most ``limit``, at most
+    :data:`PAGE_BYTES`), and ``next``."""
+    async with db.connect() as conn:
+        row = await first(conn, f"""
+            WITH candidates AS (
+                SELECT l.id, {_entry_json('l')}::text AS j FROM run_log l
+                WHERE l.run_id = :run_id AND l.id > :after ORDER BY l.id LIMIT :candidates
+            ), {paged_rows('candidates')}
+            SELECT json_build_object('status', 200, 'runId', r.run_id, 'next', {_NEXT})::text AS head,
+                   {_ROWS} AS rows
+            FROM runs r WHERE r.run_id = :run_id""",
+                          {"run_id": run_id, **_page(after, limit, budget)})
+    if row is None:
+        raise NotFound(f"no run {run_id!r}")
+    return _with_rows(row.head, "entries", row.rows)
 
 
 async def list_runs(db: Database, status: str | None, cleanup_status: str | None, limit: int,

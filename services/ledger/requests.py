@@ -228,6 +228,12 @@ class Console(LedgerRequest):
     limit: int = Field(default=1000, ge=1, le=1000)
 
 
+class RunLogPage(LedgerRequest):
+    run_id: RunId
+    after: After | None = None
+    limit: int = Field(default=1000, ge=1, le=1000)
+
+
 class ListRuns(LedgerRequest):
     status: RunStatus | None = None
     cleanup_status: CleanupStatus | None = None

@@ -16,9 +16,11 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
 from services.ledger.statuses import CLEANUP_STATUSES, LIVE, RESOURCE_STATUSES, REVERTABLE, RUN_STATUSES
+from shared.subjects import LEDGER_ID_PATTERN
 
-ID_PATTERN = "^[A-Za-z0-9_-]{1,64}$"
-"""What a run id and a module name may look like: each becomes a NATS subject token."""
+ID_PATTERN = f"^{LEDGER_ID_PATTERN}$"
+"""What a run id and a module name may look like: each becomes a NATS subject token (one
+definition, in shared/subjects.py, for every service and the web door)."""
 
 KIND_MAX = 64
 """Longest resource kind."""
