@@ -38,9 +38,13 @@ OUTAGE_RETRY_S = 1.0
 
 
 def _run_reply(report: RunReport) -> dict[str, Any]:
-    """A one-run sweep's reply: the run's report, or the ledger's refusal (e.g. 409, 404)."""
+    """A one-run sweep's reply: the run's report, or the ledger's refusal (e.g. 409, 404). A
+    refusal carries the report only when the sweep claimed rows before it stopped: a run that
+    does not exist, or one refused before anything was claimed, has nothing to report."""
     run = report.to_dict()
-    return replies.fail(report.error_status, report.error, run=run) if report.error else replies.ok(run=run)
+    if not report.error:
+        return replies.ok(run=run)
+    return replies.fail(report.error_status, report.error, **({"run": run} if report.claimed else {}))
 
 
 def create_app(settings: CleanupSettings | None = None) -> FastStream:

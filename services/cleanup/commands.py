@@ -1,5 +1,6 @@
 """The cleanup service's CLI commands: ``shardbus cleanup sweep|retry|reconcile`` ask a
-running cleanup replica (over ``SHARDBUS_NATS_URL``) and print its JSON answer."""
+running cleanup replica (over ``SHARDBUS_NATS_URL``) and print its JSON answer; a refusal is one
+line, ``error <status>: <sentence>`` (``--json``: the raw reply as well)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,13 @@ async def _ask(subject: str, payload: dict[str, Any]) -> dict[str, Any]:
             nc, watch, subject, json.dumps(payload).encode(), ASK_TIMEOUT_S,
             lost="lost the connection to NATS before the cleanup service answered; what it was doing "
                  "may still finish (see `shardbus status`), or ask again")
-        return json.loads(msg.data)
+        try:
+            reply = json.loads(msg.data)
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict):
+            return {"status": 502, "error": "the cleanup service answered something that is not a JSON object"}
+        return reply
     finally:
         with contextlib.suppress(Exception):  # nats-py's close of a lost connection can raise
             await nc.close()
@@ -69,8 +76,15 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
     except (nats.errors.Error, OSError) as exc:  # the connect failed
         print(nats_failure(CommonSettings().nats_url, exc), file=sys.stderr)
         return 1
-    print(json.dumps(reply, indent=2))
-    return 0 if 200 <= reply.get("status", 0) < 300 else 1
+    status = reply.get("status")
+    succeeded = isinstance(status, int) and 200 <= status < 300
+    if succeeded or args.json:
+        print(json.dumps(reply, indent=2))
+    if not succeeded:
+        # One line a person reads at once (a typo'd run id is "error 404: no run 'nope'").
+        error = " ".join(str(reply.get("error") or "no reason given").split())
+        print(f"error {status}: {error}", file=sys.stderr)
+    return 0 if succeeded else 1
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -79,4 +93,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cleanup.add_argument("action", choices=("sweep", "retry", "reconcile"))
     cleanup.add_argument("--run-id", default="", help="sweep only this run; the run to retry")
     cleanup.add_argument("--module", action="append", default=[], help="reconcile this module (repeatable)")
+    cleanup.add_argument("--json", action="store_true", help="print the raw reply, a refusal's too")
     cleanup.set_defaults(func=_cmd_cleanup)

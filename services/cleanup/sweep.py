@@ -197,7 +197,13 @@ class Sweeper:
         except LedgerError as exc:
             # Claimed rows stay `reverting` until the claim timeout; the next sweep recovers them.
             report.error, report.error_status = exc.error, exc.status
-            log.warning("run not swept: the ledger failed", extra={"runId": run_id, "reason": str(exc)})
+            if 400 <= exc.status < 500:
+                # The ledger refused the run itself (no such run, not over yet): the asker's
+                # mistake, answered in the reply; nothing an operator must look at.
+                log.info("run not swept: the ledger refused it",
+                         extra={"runId": run_id, "status": exc.status, "reason": exc.error})
+            else:
+                log.warning("run not swept: the ledger failed", extra={"runId": run_id, "reason": str(exc)})
         return report
 
     async def retry(self, run_id: str) -> RunReport:

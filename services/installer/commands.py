@@ -1,5 +1,6 @@
 """``shardbus module install URL | remove ID | list``: the installer's requests from a shell,
-with a progress bar while the artifact downloads."""
+with a progress bar while the artifact downloads (fed by ``installer.progress.<requestId>``);
+when stderr is no terminal (a log, a pipe, CI), one plain line per stage instead."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import contextlib
 import json
 import sys
 import uuid
-from typing import Any
+from typing import Any, TextIO
 
 from shared import subjects
 from shared.nats_connect import connect
@@ -17,6 +18,9 @@ from shared.settings import CommonSettings
 
 INSTALL_TIMEOUT_S = 900.0
 """Default wait for an install's answer (a large artifact on a slow link takes a while)."""
+
+DRAIN_WAIT_S = 2.0
+"""How long the progress events still queued when the answer came may take to be shown."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -68,7 +72,7 @@ async def _run(args: argparse.Namespace) -> int:
         print(json.dumps(reply, indent=2))
     else:
         _print(args.action, reply)
-    return 0 if 200 <= reply.get("status", 500) < 300 else 1
+    return 0 if _ok(reply) else 1
 
 
 async def _request(nc: Any, watch: Any, subject: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -87,37 +91,107 @@ async def _request(nc: Any, watch: Any, subject: str, body: dict[str, Any], time
         return {"status": 503, "error": f"no installer is running (nobody answers {subject})"}
     except Exception as exc:  # a timeout: say so as a reply would
         return {"status": 503, "error": f"no answer from the installer on {subject} ({type(exc).__name__})"}
-    return json.loads(message.data)
+    try:
+        reply = json.loads(message.data)
+    except ValueError:
+        reply = None
+    if not isinstance(reply, dict):
+        return {"status": 502, "error": f"the installer answered {subject} with something that is not a JSON object"}
+    return reply
 
 
 async def _install(nc: Any, watch: Any, args: argparse.Namespace) -> dict[str, Any]:
-    from tqdm import tqdm
-
     request_id = uuid.uuid4().hex
-    bar: list[tqdm] = []
+    shown = None if args.quiet else Progress(sys.stderr, bar=sys.stderr.isatty())
 
     async def on_progress(message: Any) -> None:
-        event = json.loads(message.data)
-        if args.quiet or event.get("stage") != "download":
-            return
-        if not bar:
-            bar.append(tqdm(total=event.get("total"), unit="B", unit_scale=True, desc="download",
-                            file=sys.stderr))
-        bar[0].update(event["done"] - bar[0].n)
+        if shown is not None:
+            shown.event(message.data)
 
     subscription = await nc.subscribe(subjects.installer_progress(request_id), cb=on_progress)
     try:
         return await _request(nc, watch, subjects.INSTALLER_INSTALL, {"url": args.url, "requestId": request_id},
                               args.timeout)
     finally:
+        # Drain, not unsubscribe: the last stages were published before the reply, but may still
+        # wait in the subscription's queue when the reply arrives.
         with contextlib.suppress(Exception):  # a connection already closed has no subscription left
-            await subscription.unsubscribe()
-        if bar:
-            bar[0].close()
+            await asyncio.wait_for(subscription.drain(), DRAIN_WAIT_S)
+        if shown is not None:
+            shown.close()
+
+
+STAGES = ("manifest", "download", "inspect", "unpack", "done")
+"""An install's stages, in the order the installer goes through them."""
+
+STAGE_LINES = {"manifest": "fetching the manifest", "download": "downloading", "inspect": "checking the archive",
+               "unpack": "unpacking"}
+"""The line said as each stage starts; ``done`` says nothing (the result line follows)."""
+
+
+class Progress:
+    """An install's progress events shown on ``out``: one line as each stage starts, and for the
+    download a tqdm bar when ``bar`` (a terminal; without one, the line gives the size). Events
+    come from the network: one that is not what the installer sends, or that goes back to an
+    earlier stage, is ignored, never a crash."""
+
+    def __init__(self, out: TextIO, bar: bool) -> None:
+        self.out, self.use_bar = out, bar
+        self.stage: str | None = None
+        self.bar: Any = None
+
+    def event(self, data: bytes | str) -> None:
+        """Show one ``{requestId, stage, done, total}`` event."""
+        try:
+            event = json.loads(data)
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, nested past Python's limit
+            return
+        if not isinstance(event, dict) or not isinstance(event.get("stage"), str) or event["stage"] not in STAGES:
+            return
+        stage, done, total = event["stage"], event.get("done"), event.get("total")
+        if self.stage is not None and STAGES.index(stage) < STAGES.index(self.stage):
+            return  # late or forged: the install has moved on
+        done = done if isinstance(done, int) and not isinstance(done, bool) and done >= 0 else 0
+        total = total if isinstance(total, int) and not isinstance(total, bool) and total > 0 else None
+        started, self.stage = stage != self.stage, stage
+        if stage != "download":
+            self._close_bar()
+        if started and stage in STAGE_LINES and not (self.use_bar and stage == "download"):
+            size = f" {_megabytes(total)}" if stage == "download" and total else ""
+            print(f"{STAGE_LINES[stage]}{size}", file=self.out, flush=True)
+        if self.use_bar and stage == "download":
+            self._draw(done, total)
+
+    def _draw(self, done: int, total: int | None) -> None:
+        from tqdm import tqdm
+
+        if self.bar is None:
+            self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="download", file=self.out)
+        elif done < self.bar.n:  # the download was retried from the start
+            self.bar.reset(total=total)
+        self.bar.update(done - self.bar.n)
+
+    def _close_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def close(self) -> None:
+        """The install answered: finish the bar."""
+        self._close_bar()
+
+
+def _megabytes(size: int) -> str:
+    return f"({size / 1_000_000:.1f} MB)"
+
+
+def _ok(reply: dict[str, Any]) -> bool:
+    status = reply.get("status")
+    return isinstance(status, int) and 200 <= status < 300
 
 
 def _print(action: str, reply: dict[str, Any]) -> None:
-    if not 200 <= reply.get("status", 500) < 300:
+    if not _ok(reply):
         print(f"error {reply.get('status')}: {reply.get('error')}", file=sys.stderr)
         return
     if action == "install":

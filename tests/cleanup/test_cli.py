@@ -35,11 +35,36 @@ async def test_an_operator_sweeps_from_the_command_line(nats_url, shard, ledger,
     assert answer["run"]["cleanupStatus"] == "complete"
 
 
-async def test_a_refused_retry_exits_non_zero_with_the_reason(nats_url, ledger, services, unique):
+async def test_a_refused_retry_exits_non_zero_with_the_reason_on_one_line(nats_url, ledger, services, unique):
     await start_cleanup(services)
     done = await asyncio.to_thread(_shardbus, nats_url, "retry", "--run-id", f"nope-{unique}")
-    assert done.returncode == 1
-    assert json.loads(done.stdout)["status"] == 404
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == f"error 404: no run 'nope-{unique}'\n"
+    raw = await asyncio.to_thread(_shardbus, nats_url, "retry", "--run-id", f"nope-{unique}", "--json")
+    assert raw.returncode == 1 and json.loads(raw.stdout) == {"status": 404, "error": f"no run 'nope-{unique}'"}
+
+
+async def test_sweeping_a_run_that_does_not_exist_is_the_callers_typo_not_a_warning(nats_url, ledger, services,
+                                                                                     unique):
+    cleanup = await start_cleanup(services)
+    done = await asyncio.to_thread(_shardbus, nats_url, "sweep", "--run-id", f"nope-{unique}")
+
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == f"error 404: no run 'nope-{unique}'\n"
+    raw = await asyncio.to_thread(_shardbus, nats_url, "sweep", "--run-id", f"nope-{unique}", "--json")
+    assert json.loads(raw.stdout) == {"status": 404, "error": f"no run 'nope-{unique}'"}  # no zero-filled run
+    said = [json.loads(line) for line in cleanup.log().splitlines() if f"nope-{unique}" in line]
+    assert said and {entry["level"] for entry in said} == {"info"}, said
+    assert all(entry["status"] == 404 for entry in said)
+
+
+async def test_a_run_not_over_yet_is_refused_on_one_line_too(nats_url, ledger, services, unique):
+    cleanup = await start_cleanup(services)
+    await ledger.run(f"r{unique}", "uo1", "running")
+    done = await asyncio.to_thread(_shardbus, nats_url, "sweep", "--run-id", f"r{unique}")
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith("error 409: run ") and done.stderr.count("\n") == 1
+    assert "warning" not in {json.loads(line)["level"] for line in cleanup.log().splitlines() if f"r{unique}" in line}
 
 
 def test_nats_out_of_reach_is_said_without_the_password():
