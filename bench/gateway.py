@@ -204,21 +204,31 @@ asyncio.run(main())
 """The raw baseline's responder: a process of its own, as the shard simulator is."""
 
 
+def start_shard_sim(port: int, shard: str) -> subprocess.Popen:
+    """``shardbus shard-sim`` dialling the gateway's ``port`` as ``shard``, in its own process."""
+    return subprocess.Popen([sys.executable, "-m", "shardbus", "shard-sim", "--addr", f"127.0.0.1:{port}",
+                             "--shard", shard], cwd=ROOT, env={**os.environ, "SHARDBUS_SHARD_TOKEN": TOKEN},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+
+
+async def until_answered(nc: nats.NATS, subject: str) -> None:
+    """Ask ``subject`` until somebody answers (the shard has said hello), for at most 30 s."""
+    async with asyncio.timeout(30):
+        while True:
+            try:
+                await nc.request(subject, b"{}", timeout=2)
+                return
+            except nats.errors.NoRespondersError:
+                await asyncio.sleep(0.1)
+
+
 async def commands(nats_url: str, port: int) -> tuple[float, float, float]:
     nc = await nats.connect(nats_url)
     shard = f"cmd{uuid.uuid4().hex[:8]}"
-    sim = subprocess.Popen([sys.executable, "-m", "shardbus", "shard-sim", "--addr", f"127.0.0.1:{port}",
-                            "--shard", shard], cwd=ROOT, env={**os.environ, "SHARDBUS_SHARD_TOKEN": TOKEN},
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    sim = start_shard_sim(port, shard)
     subject = subjects.command(shard, "item.catalog")
     try:
-        async with asyncio.timeout(30):
-            while True:
-                try:
-                    await nc.request(subject, b"{}", timeout=2)
-                    break
-                except nats.errors.NoRespondersError:
-                    await asyncio.sleep(0.1)
+        await until_answered(nc, subject)
         return await _command_rounds(nc, subject)
     finally:
         embedded.stop_process(sim)

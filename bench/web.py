@@ -1,0 +1,135 @@
+"""Benchmark: the web door's route latency beside the same request over NATS, and its live
+feed's throughput to 100 WebSocket clients.
+
+From one run against one nats-server and real processes (``shardbus run gateway``, ``shardbus
+run web``, ``shardbus shard-sim``):
+
+1. routes: ``GET /shards/<shard>/items`` (the sidecar's item catalog: door → gateway → shard →
+   back) over HTTP/1.1 keep-alive (aiohttp), beside the very same command as a NATS request
+   (``shard.<shard>.cmd.item.catalog``: gateway → shard → back), in the same run, interleaved
+   in 3 rounds (the best round of each is kept). Once by one caller: the latency a request
+   sees, ``route_p50_ratio`` = door p50 / NATS p50 (target <= 1.5); once by CALLERS
+   concurrent callers: ``loaded_route_p50_ratio``, which on two cores shared by the client,
+   nats-server, gateway, simulator and door measures CPU per request more than latency;
+2. feed: frames/s delivered to 100 WebSocket clients of ``/ws`` beside 100 nats-py subscribers
+   (bench/web_feed.py).
+
+Run alone: ``python bench/web.py``; writes ``bench/results/web.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import aiohttp  # noqa: E402
+import nats  # noqa: E402
+
+import gateway as gateway_bench  # noqa: E402  (bench/gateway.py: its process and timing helpers)
+import web_feed  # noqa: E402  (bench/web_feed.py: the door's process, and the feed's phase)
+from shardbus import embedded  # noqa: E402
+from shared import subjects  # noqa: E402
+
+WEB_TOKEN = "bench-web-token-0000"
+CALLERS = 16
+"""Concurrent callers, HTTP and NATS alike."""
+
+REQUESTS = 4000
+"""Round trips measured per phase."""
+
+
+async def routes(nats_url: str, shard_port: int, web_port: int) -> dict[str, float]:
+    shard = f"web{uuid.uuid4().hex[:8]}"
+    sim = gateway_bench.start_shard_sim(shard_port, shard)
+    nc = await nats.connect(nats_url)
+    subject = subjects.command(shard, "item.catalog")
+    try:
+        await gateway_bench.until_answered(nc, subject)
+
+        async def over_nats() -> None:
+            data = (await nc.request(subject, b"{}", timeout=10)).data
+            assert data.startswith(b'{"status":200,'), data[:200]
+
+        connector = aiohttp.TCPConnector(limit=CALLERS)
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{web_port}", connector=connector,
+                                         headers={"Authorization": f"Bearer {WEB_TOKEN}"}) as http:
+            async def over_http() -> None:
+                async with http.get(f"/shards/{shard}/items") as response:
+                    body = await response.read()
+                    assert response.status == 200, body[:200]
+
+            figures: dict[str, float | list[float]] = {"callers": CALLERS}
+            for callers, prefix, count in ((1, "", REQUESTS // 4), (CALLERS, "loaded_", REQUESTS)):
+                gateway_bench.CALLERS = callers
+                results: dict[str, list[tuple[float, float, float]]] = {"nats": [], "http": []}
+                for _round in range(3):  # interleaved, so a noisy moment hits both
+                    await gateway_bench.round_trips(over_nats, 200)
+                    results["nats"].append(await gateway_bench.round_trips(over_nats, count))
+                    await gateway_bench.round_trips(over_http, 200)
+                    results["http"].append(await gateway_bench.round_trips(over_http, count))
+                best = {name: min(runs, key=lambda r: r[1]) for name, runs in results.items()}
+                figures.update({
+                    f"{prefix}nats_per_s": round(best["nats"][0], 1),
+                    f"{prefix}nats_p50_ms": round(best["nats"][1], 3),
+                    f"{prefix}nats_p99_ms": round(best["nats"][2], 3),
+                    f"{prefix}route_per_s": round(best["http"][0], 1),
+                    f"{prefix}route_p50_ms": round(best["http"][1], 3),
+                    f"{prefix}route_p99_ms": round(best["http"][2], 3),
+                    f"{prefix}route_p50_ratio": round(best["http"][1] / best["nats"][1], 3),
+                    f"{prefix}route_p50_ratios_each_round": [
+                        round(h[1] / n[1], 3) for h, n in zip(results["http"], results["nats"])],
+                })
+    finally:
+        embedded.stop_process(sim)
+        await nc.close()
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--no-feed", action="store_true", help="measure the routes only")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-web-") as tmp:
+        workdir = Path(tmp)
+        server = embedded.start_nats(workdir / "nats")
+        procs: list[subprocess.Popen] = []
+        try:
+            gateway, shard_port = gateway_bench.start_gateway(workdir, server.url)
+            procs.append(gateway)
+            web_port = web_feed.free_port()
+            procs.append(web_feed.start_door(workdir, server.url, web_port, WEB_TOKEN))
+            results = asyncio.run(routes(server.url, shard_port, web_port))
+            for prefix, label in (("", "1 caller"), ("loaded_", f"{CALLERS} callers")):
+                print(f"NATS request, {label}:  p50 {results[prefix + 'nats_p50_ms']:.2f} ms  "
+                      f"p99 {results[prefix + 'nats_p99_ms']:.2f} ms  {results[prefix + 'nats_per_s']:.0f}/s")
+                print(f"door route, {label}:    p50 {results[prefix + 'route_p50_ms']:.2f} ms  "
+                      f"p99 {results[prefix + 'route_p99_ms']:.2f} ms  {results[prefix + 'route_per_s']:.0f}/s  "
+                      f"({results[prefix + 'route_p50_ratio']:.2f}x NATS p50)")
+            if not args.no_feed:
+                feed = asyncio.run(web_feed.feed_throughput(nats_url=server.url, web_port=web_port,
+                                                            token=WEB_TOKEN))
+                results["feed"] = feed
+                print(f"feed:          {json.dumps(feed)}")
+        finally:
+            for proc in procs:
+                embedded.stop_process(proc)
+            server.stop()
+    results["targets_met"] = {"route_p50_ratio": results["route_p50_ratio"] <= 1.5}
+    out = ROOT / "bench" / "results" / "web.json"
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"targets met: {results['targets_met']}\nwrote {out.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

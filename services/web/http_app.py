@@ -1,0 +1,83 @@
+"""The FastAPI application: the routers of each part of the door, one error shape
+(``{"error": "…"}``), the body-size cap, and ``GET /health``.
+
+Every router reads the NATS connection, settings and tokens from ``request.app.state``
+(``nc``, ``settings``, ``tokens``; the feed adds ``feed``), set by :func:`build_http_app`;
+app.py owns their life.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from services.web import feed, installer_routes, ledger_routes, sidecar_routes
+from services.web.auth import Tokens
+from services.web.settings import WebSettings
+
+PROTOCOL_VERSION = 7
+"""The shard protocol the door's sidecar routes speak (the sidecar seed's PROTOCOL_VERSION)."""
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+class BodyCap:
+    """Pure ASGI middleware: a declared body over ``limit`` is 413 before it is read. (A body
+    without a length is capped while read, in the routes.) Not ``@app.middleware("http")``,
+    whose wrapping costs every request a task and a queue."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            for name, value in scope["headers"]:
+                if name == b"content-length" and (not value.isdigit() or int(value) > self.limit):
+                    response = _error(413, f"request body over {self.limit} bytes")
+                    await response(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+
+def build_http_app(settings: WebSettings, nc: Any = None) -> FastAPI:
+    """The door's ASGI app. ``nc`` (a connected nats-py client) may be set later, as
+    ``app.state.nc``, once NATS is reached."""
+
+    app = FastAPI(title="shardbus web door", version=str(PROTOCOL_VERSION),
+                  description="The shard sidecar's HTTP API (protocol 7), the ledger and installer "
+                  "over HTTP, and the live feed. See docs/web.md.")
+    app.state.settings = settings
+    app.state.tokens = Tokens(settings)
+    app.state.nc = nc
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body",)) or "body"
+            parts.append(f"{where}: {err.get('msg', 'invalid')}")
+        return _error(400, "invalid request: " + "; ".join(parts))
+
+    app.add_middleware(BodyCap, limit=settings.web_max_body_bytes)
+
+    @app.get("/health", include_in_schema=False)
+    async def health() -> dict[str, Any]:
+        nc_ = app.state.nc
+        return {"status": 200, "service": "web", "nats": bool(nc_ is not None and nc_.is_connected),
+                "protocol": PROTOCOL_VERSION}
+
+    # The sidecar's routes first: the drop-in path is the hot one, and routes match in order.
+    sidecar_routes.register(app.router)
+    for router in (ledger_routes.router, installer_routes.router, feed.router):
+        app.include_router(router)
+    return app

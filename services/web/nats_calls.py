@@ -1,0 +1,56 @@
+"""One NATS request from a route: JSON out, the reply's JSON back, NATS's own failures named.
+
+The routes never see nats-py's exceptions: "no responders" (nobody subscribes: for a shard's
+commands, no gateway holds that shard) and a timeout become :class:`NoResponders` and
+:class:`NoAnswer`, and a reply that is not a JSON object :class:`BadReply`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import nats.errors
+from nats.aio.client import Client
+
+
+class CallFailed(Exception):
+    """The request got no usable reply."""
+
+
+class NoResponders(CallFailed):
+    """Nobody listens on the subject (NATS answered at once)."""
+
+
+class NoAnswer(CallFailed):
+    """Somebody listens, but no reply came within the timeout."""
+
+
+class BadReply(CallFailed):
+    """The reply is not a JSON object."""
+
+
+class NatsAway(CallFailed):
+    """The door's own NATS connection is down (reconnecting)."""
+
+
+async def call(nc: Client, subject: str, body: Any, timeout: float,
+               headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """Request ``subject`` with ``body`` (JSON) and return the reply object."""
+    payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    try:
+        msg = await nc.request(subject, payload, timeout=timeout, headers=headers)
+    except nats.errors.NoRespondersError as exc:
+        raise NoResponders(subject) from exc
+    except nats.errors.TimeoutError as exc:
+        raise NoAnswer(subject) from exc
+    except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
+            nats.errors.StaleConnectionError, nats.errors.OutboundBufferLimitError) as exc:
+        raise NatsAway(type(exc).__name__) from exc
+    try:
+        reply = json.loads(msg.data)
+    except ValueError as exc:
+        raise BadReply(f"{subject}: reply is not JSON") from exc
+    if not isinstance(reply, dict):
+        raise BadReply(f"{subject}: reply is not a JSON object")
+    return reply

@@ -1,0 +1,224 @@
+"""The seed sidecar's HTTP API (S004:908-951), drop-in: every route with its method, body and
+statuses, forwarded as a command to ``shard.<shard>.cmd.<verb>`` or a board read.
+
+Each route is served twice: under ``/shards/{shard}/…`` for any shard, and at the sidecar's
+bare path for the default shard (``SHARDBUS_WEB_DEFAULT_SHARD``), so a website written for the
+sidecar changes only its base URL. Body rules are the seed's (S004:1112-1128, 1210-1288): a
+plain route takes a JSON object (``null`` or empty = ``{}``; anything else 400 ``body must be a
+JSON object``); a route with a path id puts it in the body (``runId``, ``id``), the path
+winning, and reads a body that is not an object as ``{}``. ``reqId`` is the gateway's, fresh
+per call; ``idempotencyKey`` passes untouched.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.responses import JSONResponse
+
+from services.web import nats_calls, relay
+from services.web.auth import Caller, website
+from services.web.sidecar_reply import NO_REPLY, NOT_CONNECTED, board_answer, command_answer
+from shared import subjects
+
+PROTOCOL_HEADER = "Shard-Protocol"
+"""Passed on to the gateway: a shard speaking another protocol answers 409."""
+
+SHARD_RULE = "shard must match [a-z0-9_-]{1,32}"
+NO_DEFAULT = ("no default shard is configured (SHARDBUS_WEB_DEFAULT_SHARD): "
+              "use /shards/{shard}/… paths")
+PATH_ID_MAX = 256
+"""Longest run or page id taken from a path."""
+
+
+@dataclass(frozen=True)
+class Route:
+    """One sidecar route: ``path_id`` names the body field its path id fills; ``query`` the
+    query parameters copied into the body (``GET /lease?key=&target=``, S004:1141-1171)."""
+
+    method: str
+    path: str
+    verb: str
+    seed_line: int
+    path_id: str | None = None
+    query: tuple[str, ...] = ()
+    example: dict[str, Any] | None = None
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("POST", "/admin/ban", "admin.ban", 911,
+          example={"actor": "gm-ada", "account": "alice", "durationSec": 3600, "reason": "spam"}),
+    Route("POST", "/admin/unban", "admin.unban", 912, example={"actor": "gm-ada", "account": "alice"}),
+    Route("POST", "/admin/broadcast", "admin.broadcast", 913,
+          example={"actor": "gm-ada", "text": "Server restart in 5 minutes", "hue": 33}),
+    Route("GET", "/lease", "lease.list", 918, query=("key", "target")),
+    Route("POST", "/lease", "lease.apply", 918,
+          example={"key": "PlayerCaps.SkillCap", "value": "1300", "holdMs": 600000,
+                   "untilMs": 1733000600000, "runId": "42", "idempotencyKey": "run42:step3"}),
+    Route("POST", "/lease/release", "lease.release", 919,
+          example={"key": "PlayerCaps.SkillCap", "expected": "1300", "baseline": "1200",
+                   "idempotencyKey": "run42:teardown:lease"}),
+    Route("POST", "/participation", "participation.open", 924,
+          example={"runId": "42", "map": "Felucca", "x": 1400, "y": 1600, "radius": 30, "holdMs": 3600000}),
+    Route("POST", "/participation/{run_id}/snapshot", "participation.snapshot", 926, path_id="runId",
+          example={"idempotencyKey": "run42:snapshot"}),
+    Route("POST", "/participation/{run_id}/close", "participation.close", 929, path_id="runId",
+          example={"idempotencyKey": "run42:close"}),
+    Route("POST", "/world", "world.spawn", 936,
+          example={"runId": "42", "what": "creature", "map": "Felucca", "x": 1400, "y": 1600}),
+    Route("POST", "/world/save", "world.save", 948, example={"idempotencyKey": "run42:save"}),
+    Route("GET", "/world/{run_id}", "world.owned", 937, path_id="runId"),
+    Route("POST", "/world/{run_id}/despawn", "world.despawn", 938, path_id="runId",
+          example={"serials": ["0x40000001"], "idempotencyKey": "run42:teardown"}),
+    Route("GET", "/items", "item.catalog", 946),
+    Route("POST", "/items/grant", "item.grant", 947,
+          example={"runId": "42", "item": "gold", "amount": 500, "idempotencyKey": "run42:grant"}),
+    Route("GET", "/pages", "pages.list", 950),
+    Route("POST", "/pages/{page_id}/respond", "pages.respond", 951, path_id="id",
+          example={"text": "freed you"}),
+    # The account plane (S004:1065-1079): the seed names the verbs' plane, not these paths.
+    Route("POST", "/account/create", "account.create", 1065, example={"account": "carol"}),
+    Route("POST", "/account/link", "account.link", 1065, example={"account": "carol", "userId": "u-17"}),
+    Route("POST", "/account/unlink", "account.unlink", 1079, example={"account": "carol"}),
+)
+"""Every sidecar route (the seed line of its ``.route``), in the order a router must try them
+(``/world/save`` before ``/world/{run_id}``)."""
+
+BOARDS: tuple[str, ...] = ("guilds", "market", "houses", "champions", "news", "ruleset", "points")
+"""``GET /<board>``: the sidecar's boards (S004:507, 610) and shardbus's houses, champions, news."""
+
+
+class BodyError(Exception):
+    """The request body cannot be a command's body."""
+
+
+def command_body(route: Route, value: Any, path_value: str | None, query: dict[str, str]) -> dict[str, Any]:
+    """The body the command carries, by the seed's rules (see the module's docstring)."""
+    if route.path_id is not None:
+        body = dict(value) if isinstance(value, dict) else {}
+        body[route.path_id] = path_value
+        return body
+    if value is None:
+        body = {}
+    elif isinstance(value, dict):
+        body = dict(value)
+    else:
+        raise BodyError("body must be a JSON object")
+    body.update({name: query[name] for name in route.query if name in query})
+    return body
+
+
+def _shard(request: Request, given: str | None) -> str | JSONResponse:
+    if given is None:
+        default = request.app.state.settings.web_default_shard
+        return default or JSONResponse({"error": NO_DEFAULT}, status_code=404)
+    if not subjects.is_shard_id(given):
+        return JSONResponse({"error": SHARD_RULE}, status_code=400)
+    return given
+
+
+async def forward(request: Request, shard: str, verb: str, body: dict[str, Any]) -> JSONResponse:
+    """Send the command and answer as the sidecar does."""
+    headers = None
+    if (expected := request.headers.get(PROTOCOL_HEADER)) is not None:
+        headers = {PROTOCOL_HEADER: expected[:64]}
+    state = request.app.state
+    try:
+        reply = await nats_calls.call(state.nc, subjects.command(shard, verb), body,
+                                      state.settings.web_request_timeout_s, headers)
+    except (nats_calls.NoResponders, nats_calls.NatsAway):
+        return JSONResponse(NOT_CONNECTED, status_code=503)
+    except nats_calls.NoAnswer:
+        return JSONResponse(NO_REPLY, status_code=504)
+    except nats_calls.BadReply:
+        return JSONResponse({"error": "the gateway answered something that is not JSON"}, status_code=502)
+    status, answer = command_answer(reply)
+    return JSONResponse(answer, status_code=status)
+
+
+def _parameters(scoped: bool) -> list[inspect.Parameter]:
+    """An endpoint's declared parameters: FastAPI reads the signature, for the auth dependency
+    and for the path and query parameters of the OpenAPI document."""
+    parameters = [inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request),
+                  inspect.Parameter("caller", inspect.Parameter.KEYWORD_ONLY, annotation=Caller,
+                                    default=Depends(website))]
+    if scoped:
+        parameters.append(inspect.Parameter("shard", inspect.Parameter.KEYWORD_ONLY, annotation=str,
+                                            default=Path(description="the shard's id, [a-z0-9_-]{1,32}")))
+    return parameters
+
+
+def _endpoint(route: Route, scoped: bool) -> Any:
+    async def endpoint(request: Request, **params: Any) -> JSONResponse:
+        shard = _shard(request, params.get("shard"))
+        if isinstance(shard, JSONResponse):
+            return shard
+        path_value = params.get("run_id", params.get("page_id"))
+        if path_value is not None and len(path_value) > PATH_ID_MAX:
+            return JSONResponse({"error": f"{route.path_id} is longer than {PATH_ID_MAX} characters"},
+                                status_code=400)
+        try:
+            value = None if route.method == "GET" else await relay.json_value(request)
+            body = command_body(route, value, path_value, dict(request.query_params))
+        except BodyError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return await forward(request, shard, route.verb, body)
+
+    parameters = _parameters(scoped)
+    for name in ("run_id", "page_id"):
+        if "{" + name + "}" in route.path:
+            parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=str,
+                                                default=Path(description=f"becomes {route.path_id} in the body")))
+    for name in route.query:
+        parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
+                                            default=Query(None)))
+    endpoint.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    endpoint.__name__ = f"{route.verb.replace('.', '_')}{'_shard' if scoped else ''}"
+    return endpoint
+
+
+def _board_endpoint(board: str, scoped: bool) -> Any:
+    async def endpoint(request: Request, **params: Any) -> JSONResponse:
+        shard = _shard(request, params.get("shard"))
+        if isinstance(shard, JSONResponse):
+            return shard
+        state = request.app.state
+        try:
+            reply = await nats_calls.call(state.nc, subjects.board(shard, board), {},
+                                          state.settings.web_request_timeout_s)
+        except (nats_calls.NoResponders, nats_calls.NatsAway):
+            return JSONResponse({"error": "no gateway is running to read the boards"}, status_code=503)
+        except nats_calls.NoAnswer:
+            return JSONResponse({"error": "the gateway did not answer the board read in time"}, status_code=504)
+        except nats_calls.BadReply:
+            return JSONResponse({"error": "the gateway answered something that is not JSON"}, status_code=502)
+        status, answer = board_answer(reply)
+        return JSONResponse(answer, status_code=status)
+
+    endpoint.__signature__ = inspect.Signature(_parameters(scoped))  # type: ignore[attr-defined]
+    endpoint.__name__ = f"board_{board}{'_shard' if scoped else ''}"
+    return endpoint
+
+
+def register(router: APIRouter) -> None:
+    """Add every sidecar route to ``router`` — the app's own: an included router's matching
+    cost the hot path more than the whole NATS round trip (measured, docs/performance.md)."""
+    for scoped in (True, False):
+        prefix = "/shards/{shard}" if scoped else ""
+        tag = "sidecar (any shard)" if scoped else "sidecar (default shard)"
+        for route in ROUTES:
+            extra = None
+            if route.method == "POST":
+                extra = {"requestBody": {"content": {"application/json": {
+                    "schema": {"type": "object"}, "example": route.example or {}}}}}
+            router.add_api_route(prefix + route.path, _endpoint(route, scoped), methods=[route.method],
+                                 tags=[tag], summary=f"{route.verb} (S004:{route.seed_line})",
+                                 openapi_extra=extra, response_class=JSONResponse)
+        for board in BOARDS:
+            router.add_api_route(f"{prefix}/{board}", _board_endpoint(board, scoped), methods=["GET"],
+                                 tags=[tag], summary=f"the {board} board, as a JSON array",
+                                 response_class=JSONResponse)
+
