@@ -17,20 +17,37 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# `make up` takes ports and the rest as make variables (each also read as SHARDBUS_<NAME> from
+# the environment by `shardbus up` itself): make up SHARD_PORT=2595 NATS_PORT=4223 WEB_PORT=8080
+# (also NATS_WS_PORT, POSTGRES_PORT, REPLICAS=web=2,gateway=2, STATE_DIR=…). Without them, the
+# previous start's ports are kept when free.
+UP_ARGS = $(if $(STATE_DIR),--state-dir $(STATE_DIR)) \
+	$(if $(SHARD_PORT),--shard-port $(SHARD_PORT)) \
+	$(if $(NATS_PORT),--nats-port $(NATS_PORT)) \
+	$(if $(NATS_WS_PORT),--nats-ws-port $(NATS_WS_PORT)) \
+	$(if $(WEB_PORT),--web-port $(WEB_PORT)) \
+	$(if $(POSTGRES_PORT),--postgres-port $(POSTGRES_PORT)) \
+	$(if $(REPLICAS),--replicas $(REPLICAS))
+
 up: $(STAMP)
-	$(VENV)/bin/shardbus up
+	$(VENV)/bin/shardbus up $(UP_ARGS)
+
+# The suite's own `shardbus` commands must not take the addresses and tokens of a `make up`
+# running in this directory (.shardbus/env, which every command reads): they are pointed at a
+# state directory that does not exist.
+NO_STACK := SHARDBUS_STATE_DIR=$(CURDIR)/.shardbus-not-for-tests
 
 # The fault suite (tests/faults, marked `faults`) runs on its own: make test-faults.
 test: $(STAMP)
-	$(PY) -m pytest -m "not faults"
+	$(NO_STACK) $(PY) -m pytest -m "not faults"
 
 # The same suite against already-running servers (CI: the machine's NATS and PostgreSQL).
 test-local-servers: $(STAMP)
-	SHARDBUS_TEST_NATS_URL=$(LOCAL_NATS_URL) SHARDBUS_TEST_DATABASE_URL=$(LOCAL_DATABASE_URL) \
+	$(NO_STACK) SHARDBUS_TEST_NATS_URL=$(LOCAL_NATS_URL) SHARDBUS_TEST_DATABASE_URL=$(LOCAL_DATABASE_URL) \
 		$(PY) -m pytest -m "not faults"
 
 test-faults: $(STAMP)
-	$(PY) -m pytest -m faults
+	$(NO_STACK) $(PY) -m pytest -m faults
 
 bench: $(STAMP)
 	@set -e; for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done
@@ -41,8 +58,8 @@ MINUTES ?= 10
 soak: $(STAMP)
 	$(PY) bench/soak.py --minutes $(MINUTES)
 
-# The README's settings table and each service's AsyncAPI document (every subject it
-# serves, with its payload schema), both generated from the code.
+# The README's settings table, each service's AsyncAPI document (every subject it serves,
+# with its payload schema) and the web door's OpenAPI document, all generated from the code.
 docs: $(STAMP)
 	$(PY) -m shardbus.settings_catalog --update README.md
 	@mkdir -p docs/asyncapi
@@ -50,6 +67,7 @@ docs: $(STAMP)
 		$(VENV)/bin/faststream docs gen --factory "services.$$service.app:create_app" \
 			--out docs/asyncapi/$$service.json >/dev/null; \
 		echo "docs/asyncapi/$$service.json"; done
+	$(PY) -m services.web.openapi --out docs/openapi/web.json
 
 clean:
 	rm -rf $(VENV) .shardbus .pytest_cache

@@ -2,6 +2,10 @@
 ``status`` (``shardbus/status.py``), and the commands each service adds in its own
 ``commands.py`` (``register(subparsers)``).
 
+Run in a directory where ``shardbus up`` runs, every command but ``up`` takes the addresses and
+tokens ``up`` wrote to ``.shardbus/env`` (``shardbus/stack_env.py``); variables set in the
+environment win.
+
 An outage is a sentence, never a traceback: a command that cannot reach NATS or the database
 says so (without the URL's password) and exits 1; one whose NATS connection is lost while it
 waits for an answer says that at once instead of waiting out its timeout. ``shardbus run``
@@ -26,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-SERVICES = ("gateway", "ledger", "cleanup", "installer")
+SERVICES = ("gateway", "ledger", "cleanup", "installer", "web")
 """The services ``shardbus run`` can start."""
 
 STOP_TIMEOUT_S = 8.0
@@ -103,9 +107,19 @@ async def request_while_connected(nc: Any, watch: ClosedWatch, subject: str, dat
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    from shardbus.stack import up
+    from shardbus import stack_env
+    from shardbus.stack import PORTS, requested_port, up
 
-    return up(Path(args.state_dir), args.shard_port, args.replicas, args.nats_cluster)
+    ports: dict[str, int] = {}
+    try:
+        for key, (name, _what) in PORTS.items():
+            ports[key] = requested_port(getattr(args, f"{key}_port"), name)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    state_dir = Path(args.state_dir) if args.state_dir else stack_env.state_dir()
+    return up(state_dir, ports["shard"], args.replicas, args.nats_cluster, nats_port=ports["nats"],
+              nats_ws_port=ports["nats_ws"], web_port=ports["web"], postgres_port=ports["postgres"])
 
 
 def _replicas_arg(spec: str) -> dict[str, int]:
@@ -211,7 +225,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     app_module = importlib.import_module(f"services.{args.service}.app")
     deadline = StopDeadline(args.service)
     try:
-        asyncio.run(serve(app_module.create_app(), deadline))
+        # A service may name its event loop (the web door runs on uvloop: its HTTP parsing and
+        # socket writes are most of its CPU).
+        with asyncio.Runner(loop_factory=getattr(app_module, "LOOP_FACTORY", None)) as runner:
+            runner.run(serve(app_module.create_app(), deadline))
     except KeyboardInterrupt:
         pass
     except Exception as exc:  # noqa: BLE001 — sorted below; anything else is re-raised
@@ -265,15 +282,32 @@ def _cmd_healthcheck(args: argparse.Namespace) -> int:
     return 0 if healthy else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser, with every service's own commands registered."""
+def build_parser(stack: Any = None) -> argparse.ArgumentParser:
+    """The argument parser, with every service's own commands registered; ``stack`` (a
+    ``stack_env.StackEnv``) gives ``shard-sim`` the running stack's shard address."""
     parser = argparse.ArgumentParser(prog="shardbus", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="run the whole system on the embedded default")
-    up.add_argument("--state-dir", default=".shardbus", help="where NATS and PostgreSQL keep data")
-    up.add_argument("--shard-port", type=int, default=0,
-                    help="TCP port for shards (default: a free one); gateway replicas use the next ones")
+    up.add_argument("--state-dir", default="",
+                    help="where NATS and PostgreSQL keep data, and the env file other commands read "
+                         "(default: $SHARDBUS_STATE_DIR, else .shardbus)")
+    port_help = ("default: SHARDBUS_{name}, else the previous start's port when it is free, else a free "
+                 "one; a port asked for must be free")
+    up.add_argument("--shard-port", type=int, default=None,
+                    help="TCP port for shards; gateway replicas use the next ones (" + port_help.format(
+                        name="SHARD_PORT") + ")")
+    up.add_argument("--nats-port", type=int, default=None,
+                    help="NATS client port; cluster nodes use the next ones (" + port_help.format(
+                        name="NATS_PORT") + ")")
+    up.add_argument("--nats-ws-port", type=int, default=None,
+                    help="NATS WebSocket port for browser pages; cluster nodes use the next ones (" + port_help.format(
+                        name="NATS_WS_PORT") + ")")
+    up.add_argument("--web-port", type=int, default=None,
+                    help="the web door's HTTP port, shared by its replicas (" + port_help.format(
+                        name="WEB_PORT") + ")")
+    up.add_argument("--postgres-port", type=int, default=None,
+                    help="PostgreSQL's port (" + port_help.format(name="POSTGRES_PORT") + ")")
     up.add_argument("--replicas", type=_replicas_arg, default=None, metavar="SERVICE=N,…",
                     help="processes per service, e.g. gateway=2,ledger=2,cleanup=3,installer=2 (default 1 each)")
     up.add_argument("--nats-cluster", type=_nats_nodes_arg, default=1, metavar="N",
@@ -307,10 +341,39 @@ def build_parser() -> argparse.ArgumentParser:
     from simulator import cli as simulator_cli
 
     simulator_cli.register(sub)
+    if stack is not None and stack.running and stack.values.get("SHARD_ADDR"):
+        sub.choices["shard-sim"].set_defaults(addr=stack.values["SHARD_ADDR"])
     return parser
+
+
+def load_stack_env(command: str | None) -> Any:
+    """The env file of ``shardbus up`` for this directory (``shardbus/stack_env.py``), applied to
+    the environment when its stack runs (a variable already set wins). ``up`` itself reads none:
+    it writes it. A stale file (its ``up`` is not running) is not used; ``status`` says so and
+    refuses, the other commands say so in one line."""
+    if command in (None, "up"):
+        return None
+    from shardbus import stack_env
+
+    stack = stack_env.find()
+    if stack is None:
+        return None
+    if stack.running:
+        stack_env.apply(stack)
+    elif command != "status":
+        print(f"note: not using {stack.path}: the shardbus up that wrote it is not running", file=sys.stderr)
+    return stack
+
+
+def _command(argv: list[str]) -> str | None:
+    """The subcommand named in ``argv`` (the first word not an option), before parsing."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``shardbus`` console script."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    stack = load_stack_env(_command(argv))
+    args = build_parser(stack).parse_args(argv)
+    args.stack_env = stack
     return int(args.func(args) or 0)

@@ -13,6 +13,7 @@ SETTINGS_CLASSES = {
     "ledger": "services.ledger.settings:LedgerSettings",
     "cleanup": "services.cleanup.settings:CleanupSettings",
     "installer": "services.installer.settings:InstallerSettings",
+    "web": "services.web.settings:WebSettings",
 }
 """Where each service's settings class lives."""
 

@@ -10,6 +10,11 @@
 
 Printed as a table, or as JSON with ``--json`` (the same data). A part that cannot be read
 (e.g. no ledger running) is reported in ``errors`` and the rest is still shown.
+
+It never reports on another system silently: it says which NATS it asked and where that
+address came from (``--nats-url``, ``SHARDBUS_NATS_URL``, the env file of the ``shardbus up``
+running for this directory, or the default), and when that env file's stack is not running it
+says so and exits 1 instead of asking whatever listens on the default address.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import sys
 import time
 from typing import Any
 
-SERVICES = ("gateway", "ledger", "cleanup", "installer")
+SERVICES = ("gateway", "ledger", "cleanup", "installer", "web")
 """The services shown even when no replica answers (0 replicas is the news)."""
 
 DEFAULT_WAIT_S = 1.0
@@ -175,7 +180,8 @@ def _seconds(value: Any) -> str:
 def render(status: dict[str, Any]) -> str:
     """The status as the terminal table."""
     now = status["at"]
-    lines = [f"NATS {status['nats']}", "", "SERVICES"]
+    source = f"  (from {status['natsSource']})" if status.get("natsSource") else ""
+    lines = [f"NATS {status['nats']}{source}", "", "SERVICES"]
     lines += _table(["service", "replicas", "instances (host:pid, up)"],
                     [[name, s["replicas"], ", ".join(f"{r['host']}:{r['pid']} ({_seconds(r['uptimeS'])})"
                                                     for r in s["instances"]) or "-"]
@@ -200,18 +206,59 @@ def render(status: dict[str, Any]) -> str:
 
 # --- the command -------------------------------------------------------------------------
 
+class StackNotRunning(Exception):
+    """The env file of this directory's ``shardbus up`` names a stack that is not running."""
+
+
+def nats_address(nats_url: str, stack: Any) -> tuple[str, str]:
+    """(the NATS URL to ask, where it came from): ``--nats-url``, else ``SHARDBUS_NATS_URL`` (set in
+    the environment, or taken from the env file of the ``shardbus up`` running here: ``stack``,
+    a ``stack_env.StackEnv``), else the default. Raises :class:`StackNotRunning` rather than
+    fall back to the default when the env file's stack is not running."""
+    import os
+
+    from shardbus import stack_env
+    from shared.logs import redact
+    from shared.settings import CommonSettings
+
+    if nats_url:
+        return nats_url, "--nats-url"
+    env_url = os.environ.get("SHARDBUS_NATS_URL", "").strip()
+    if stack is not None and "SHARDBUS_NATS_URL" in stack.applied:
+        return env_url, stack.describe()
+    if env_url:
+        source = "SHARDBUS_NATS_URL"
+        theirs = stack.values.get("NATS_URL", "") if stack is not None and stack.running else ""
+        if theirs and theirs != env_url:
+            source += (f", which wins over {stack.path} (its stack, at {redact(theirs)}, is running: "
+                       "unset SHARDBUS_NATS_URL to ask that one)")
+        return env_url, source
+    if stack is not None and not stack.running:
+        raise StackNotRunning(
+            f"the shardbus up of {stack.path.parent} is not running (its env file {stack.path} names NATS at "
+            f"{redact(stack.values.get('NATS_URL', '?'))}); start it with `make up`, or name a NATS with "
+            "--nats-url or SHARDBUS_NATS_URL")
+    default = CommonSettings().nats_url
+    return default, (f"the default: no --nats-url, no SHARDBUS_NATS_URL, and no running shardbus up here "
+                     f"(no {stack_env.state_dir() / stack_env.ENV_FILE})")
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     import nats.errors
 
     from shardbus.cli import nats_failure
-    from shared.settings import CommonSettings
 
-    url = args.nats_url or CommonSettings().nats_url
+    try:
+        url, source = nats_address(args.nats_url, getattr(args, "stack_env", None))
+    except StackNotRunning as exc:
+        print(f"shardbus status: {exc}", file=sys.stderr)
+        return 1
     try:
         status = asyncio.run(gather(url, args.wait))
     except (nats.errors.Error, OSError) as exc:  # the connect failed (the parts catch their own)
-        print(nats_failure(url, exc), file=sys.stderr)
+        print(f"{nats_failure(url, exc)} (the address came from {source})", file=sys.stderr)
         return 1
+    status = {"nats": status.pop("nats"), "natsSource": source, **status}
     print(json.dumps(status, indent=2) if args.json else render(status))
     return 0
 
@@ -221,7 +268,9 @@ def register(sub: Any) -> None:
     cmd = sub.add_parser("status", help="every service's replicas, connected shards, stream and "
                                         "bucket sizes, runs whose cleanup is incomplete")
     cmd.add_argument("--json", action="store_true", help="print the same as JSON")
-    cmd.add_argument("--nats-url", default="", help="default: SHARDBUS_NATS_URL")
+    cmd.add_argument("--nats-url", default="",
+                     help="default: SHARDBUS_NATS_URL, else the NATS of the shardbus up running for this "
+                          "directory (.shardbus/env), else nats://127.0.0.1:4222; the report says which")
     cmd.add_argument("--wait", type=float, default=DEFAULT_WAIT_S,
                      help="seconds to gather the replies of every replica (default 1)")
     cmd.set_defaults(func=_cmd_status)

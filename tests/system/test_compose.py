@@ -28,14 +28,14 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
 BUILT = {name: svc for name, svc in COMPOSE["services"].items() if "build" in svc}
 CLUSTER = yaml.safe_load((ROOT / "compose.cluster.yaml").read_text())
-SERVICES = ("gateway", "ledger", "cleanup", "installer")
+SERVICES = ("gateway", "ledger", "cleanup", "installer", "web")
 NODES = {"nats": "nats-1", "nats-2": "nats-2", "nats-3": "nats-3"}
 """The cluster's nodes: compose service -> host name (network alias) and NATS server name."""
 NODE_CONFIG = ROOT / "deploy" / "nats" / "cluster-node.conf"
 
 
-def test_compose_runs_the_four_services_a_migration_nats_and_postgres():
-    assert {"gateway", "ledger", "cleanup", "installer", "migrate", "nats", "postgres"} <= set(COMPOSE["services"])
+def test_compose_runs_the_five_services_a_migration_nats_and_postgres():
+    assert {*SERVICES, "migrate", "nats", "postgres"} <= set(COMPOSE["services"])
 
 
 @pytest.mark.parametrize("name", sorted(BUILT))
@@ -51,7 +51,7 @@ def test_each_environment_variable_a_service_sets_is_a_real_setting(name):
     assert unknown == []
 
 
-@pytest.mark.parametrize("name", ["gateway", "ledger", "cleanup", "installer"])
+@pytest.mark.parametrize("name", SERVICES)
 def test_each_service_has_a_health_check_that_is_a_real_command(name):
     test = BUILT[name]["healthcheck"]["test"]
     assert test[:2] == ["CMD", "shardbus"]
@@ -81,6 +81,23 @@ def test_the_image_copies_every_package_the_project_installs():
     assert '"simulator*"' in (ROOT / "pyproject.toml").read_text()
 
 
+def test_the_nats_websocket_listener_is_published_where_nats_conf_puts_it():
+    conf = (ROOT / "deploy" / "nats" / "nats.conf").read_text()
+    block = re.search(r"^websocket \{(.*?)^\}", conf, re.S | re.M)
+    assert block and re.search(r"^\s*port:\s*9222\s*$", block.group(1), re.M)
+    assert re.search(r"^\s*no_tls:\s*true\s*$", block.group(1), re.M)
+    assert "9222:9222" in COMPOSE["services"]["nats"]["ports"]
+
+
+def test_the_web_door_listens_on_all_interfaces_of_its_container_and_is_published():
+    web = COMPOSE["services"]["web"]
+    env = web["environment"]
+    assert env["SHARDBUS_WEB_HOST"] == "0.0.0.0" and env["SHARDBUS_WEB_PORT"] == "8080"
+    assert any(str(port).endswith(":8080") for port in web["ports"])
+    with pytest.raises(KeyError, match="WEB_TOKEN"):  # compose refuses to start it without a token
+        interpolate(env["SHARDBUS_WEB_TOKEN"], {})
+
+
 def _compose_command() -> list[str] | None:
     """``docker compose`` (v2) if the plugin is there, else ``docker-compose`` (v1), else None."""
     if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True,
@@ -97,7 +114,7 @@ PASSWORDS = {f"{name.upper().replace('-', '_')}_NATS_PASSWORD": f"p{name.replace
 
 
 def _compose_config(*files: str) -> dict[str, Any]:
-    env = {**os.environ, "SHARD_TOKEN": "x" * 24, **PASSWORDS}
+    env = {**os.environ, "SHARD_TOKEN": "x" * 24, "WEB_TOKEN": "y" * 24, **PASSWORDS}
     args = [arg for name in files for arg in ("-f", str(ROOT / name))]
     done = subprocess.run([*COMPOSE_CMD, *args, "config"], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -13,11 +13,15 @@ environment as compose gives them:
   not the installer's lock bucket;
 - every service does its job under its own user (real processes): a shard's hello and frames
   reach the website, a run is created, cleanup gives a creature back through the gateway,
-  the installer lists, and ``shardbus status`` runs as the operator;
+  the installer lists, the web door answers, and ``shardbus status`` runs as the operator;
+- the WebSocket listener (browser pages, nats.ws) admits the website only: over ``ws://`` it
+  requests and hears what it may and is refused what it may not; every other user is refused;
+- the web door's own user relays a module's report and the operator's sweeps, builds its feed
+  stream WEB_FEED from SHARD_FRAMES, and can neither forge a frame nor touch another stream;
 - with per-shard tokens a shard cannot say hello as another shard;
 - each user has its own inbox prefix, ``_INBOX_<user>``: no other user may subscribe to it, so
   a client connecting with its prefix has replies nobody else hears (even a listener on the
-  shared ``_INBOX.>``); the ledger, which asks nothing, has no inbox at all;
+  shared ``_INBOX.>``); the ledger's one question is JetStream's, to create its events stream;
 - the config fsyncs every JetStream write (``sync_interval: always``, asked of the running
   server), and a 3-node cluster started from deploy/nats/cluster-node.conf has the same users
   and rules on every node.
@@ -29,8 +33,11 @@ detected through the error callback AND by a subscriber that never gets the mess
 
 from __future__ import annotations
 
+import contextlib
+
 import asyncio
 import json
+import re
 import secrets
 import shutil
 import subprocess
@@ -44,7 +51,8 @@ from typing import Any
 
 import nats
 import pytest
-from nats.js.api import DeliverPolicy
+from nats.js.api import DeliverPolicy, StreamSource
+from nats.js.errors import NotFoundError
 
 from shardbus import embedded
 from shared import subjects
@@ -55,8 +63,8 @@ from tests.processes import ServiceProcesses
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "deploy" / "nats" / "nats.conf"
 NODE_CONFIG = ROOT / "deploy" / "nats" / "cluster-node.conf"
-USERS = ("gateway", "ledger", "cleanup", "installer", "website", "operator", "module-events")
-"""Every user of the config (module-events: the example game module ``events``)."""
+USERS = ("gateway", "ledger", "cleanup", "installer", "web", "website", "operator", "module-events")
+"""Every user of the config (module-events: the example game module ``events``; web: the web door)."""
 
 REFUSAL_WAIT_S = 3.0
 """Longest wait for the server's permissions-violation error."""
@@ -75,6 +83,15 @@ def own_inbox(user: str) -> str:
     return f"_INBOX_{user}"
 
 
+def config_text(websocket_port: int) -> str:
+    """nats.conf with its WebSocket listener moved to 127.0.0.1:``websocket_port``: the one
+    address no command-line flag sets (compose uses the file as it is, on 9222)."""
+    text, count = re.subn(r"(^websocket \{\n)(.*?^\s*port:\s*)9222$", rf'\g<1>  host: "127.0.0.1"\n\g<2>{websocket_port}',
+                          CONFIG.read_text(), count=1, flags=re.M | re.S)
+    assert count == 1, "nats.conf has no websocket block on port 9222"
+    return text
+
+
 @dataclass
 class SecureNats:
     """The nats-server running the deployment config, and each user's password."""
@@ -82,9 +99,14 @@ class SecureNats:
     port: int
     passwords: dict[str, str]
     monitoring: str = ""
+    ws_port: int = 0
 
     def url(self, user: str) -> str:
         return f"nats://{user}:{self.passwords[user]}@127.0.0.1:{self.port}"
+
+    def ws_url(self, user: str) -> str:
+        """The user on the WebSocket listener, as a browser page's nats.ws would connect."""
+        return f"ws://{user}:{self.passwords[user]}@127.0.0.1:{self.ws_port}"
 
 
 def monitoring_url(server: embedded.NatsServer, state: Path) -> str:
@@ -101,12 +123,16 @@ def secure_nats() -> Iterator[SecureNats]:
     # docs ask of operators).
     passwords = {user: f"p{secrets.token_hex(16)}" for user in USERS}
     state = Path(tempfile.mkdtemp(prefix="shardbus-secure-nats-"))
+    ws_port = embedded.free_port()
+    config = state / "deploy-nats.conf"
+    config.write_text(config_text(ws_port))
     with pytest.MonkeyPatch.context() as env:  # the server reads $<USER>_NATS_PASSWORD at start
         for user, password in passwords.items():
             env.setenv(password_variable(user), password)
-        server = embedded.start_nats(state, extra_args=("-c", str(CONFIG), "-m", "-1"))
+        server = embedded.start_nats(state, extra_args=("-c", str(config), "-m", "-1"))
     try:
-        yield SecureNats(server.port, passwords, monitoring_url(server, state))
+        assert server.ws_url == f"ws://127.0.0.1:{ws_port}"
+        yield SecureNats(server.port, passwords, monitoring_url(server, state), ws_port)
     finally:
         server.stop()
         shutil.rmtree(state, ignore_errors=True)
@@ -268,6 +294,51 @@ async def test_the_website_reads_frames_and_sends_commands(connect):
     assert website.errors == [] and gateway.errors == []
 
 
+# --- the WebSocket listener (browser pages) --------------------------------------------------
+
+async def test_the_website_over_websocket_requests_what_it_may_and_is_refused_what_it_may_not(connect, secure_nats):
+    page = await connect("website", url=secure_nats.ws_url("website"))  # a browser page's nats.ws
+    gateway = await connect("gateway")
+    assert page.nc.connected_url.scheme == "ws"
+
+    frames = await listen(page, "shard.wsx.frame.>")
+    await gateway.nc.publish(subjects.frame("wsx", "guild.update"), b'{"kind":"guild.update"}')
+    await frames.wait_for(1)
+    assert frames.got[0].subject == "shard.wsx.frame.guild.update"
+
+    async def answer(msg: Any) -> None:  # the gateway replica holding shard wsx
+        await msg.respond(json.dumps({"status": 200, "body": {"kind": "item.catalog"}}).encode())
+
+    await gateway.nc.subscribe(subjects.command_wildcard("wsx"), cb=answer)
+    await gateway.nc.flush(timeout=5)
+    await asyncio.sleep(0.05)
+    reply = await page.ask(subjects.command("wsx", "item.catalog"))  # its reply on _INBOX_website, over ws
+    assert reply == {"status": 200, "body": {"kind": "item.catalog"}}
+    assert page.errors == []
+
+    forged = (subjects.frame("wsx", "y"), subjects.LEDGER_SWEEP_CLAIM, subjects.ledger_expired("events"),
+              "$KV.BOARD_GUILDS.wsx.1.guild", "$JS.API.STREAM.DELETE.SHARD_FRAMES")
+    assert [subject for subject in forged if not await page.refused(subject)] == []
+    assert await page.refused_subscription(f"{own_inbox('gateway')}.>")
+    assert await page.refused_subscription("_INBOX.>")
+
+
+@pytest.mark.parametrize("user", [user for user in USERS if user != "website"])
+async def test_only_the_website_may_log_in_over_websocket(secure_nats, user):
+    with pytest.raises(Exception, match="Authorization Violation"):
+        await nats.connect(secure_nats.ws_url(user), connect_timeout=3, allow_reconnect=False,
+                           max_reconnect_attempts=1, error_cb=_quiet)
+    nc = await nats.connect(secure_nats.url(user), connect_timeout=3, allow_reconnect=False,
+                            max_reconnect_attempts=1, error_cb=_quiet, inbox_prefix=own_inbox(user))
+    await nc.close()  # the same password on the client port is fine
+
+
+async def test_a_wrong_website_password_is_refused_over_websocket(secure_nats):
+    wrong = secure_nats.ws_url("website").replace(secure_nats.passwords["website"], "wrong")
+    with pytest.raises(Exception, match="Authorization Violation"):
+        await nats.connect(wrong, connect_timeout=3, allow_reconnect=False, max_reconnect_attempts=1, error_cb=_quiet)
+
+
 # --- inboxes ------------------------------------------------------------------------------
 
 async def test_no_user_may_subscribe_to_another_users_inbox(connect):
@@ -280,12 +351,26 @@ async def test_no_user_may_subscribe_to_another_users_inbox(connect):
     assert await website.refused_subscription(">") and await website.refused_subscription("*.>")
 
 
-async def test_each_user_but_the_ledger_may_subscribe_to_its_own_inbox(connect):
+async def test_each_user_may_subscribe_to_its_own_inbox(connect):
     users = [await connect(name) for name in USERS]
     refused = await asyncio.gather(*(user.refused_subscription(f"{own_inbox(user.name)}.x") for user in users))
-    assert {user.name: was for user, was in zip(users, refused)} == {name: name == "ledger" for name in USERS}
-    ledger = await connect("ledger")  # it only answers: no inbox, not even the shared one
-    assert await ledger.refused_subscription("_INBOX.>")
+    assert {user.name: was for user, was in zip(users, refused)} == {name: False for name in USERS}
+
+
+async def test_the_ledger_creates_its_events_stream_and_no_other(connect):
+    """Its one question: JetStream, to create (or bring forward) LEDGER_EVENTS at start."""
+    ledger = await connect("ledger")
+    js = ledger.nc.jetstream()
+    from services.ledger.event_stream import declare_events_stream
+    from services.web.feed_stream import FeedStream
+    from services.web.settings import WebSettings
+
+    await declare_events_stream(js)
+    await declare_events_stream(js)  # again, as every replica does at start
+    assert ledger.errors == []
+    assert [s for s in ("$JS.API.STREAM.CREATE.OTHER", "$JS.API.STREAM.DELETE.LEDGER_EVENTS",
+                        "$JS.API.STREAM.PURGE.LEDGER_EVENTS", "$JS.API.STREAM.UPDATE.SHARD_FRAMES")
+            if not await ledger.refused(s)] == []
 
 
 async def test_replies_on_a_users_own_inbox_reach_that_user_only(connect):
@@ -344,7 +429,7 @@ def secure_cluster(secure_nats: SecureNats) -> Iterator[embedded.NatsCluster]:
         for name in names:
             node_dir = state / name
             node_dir.mkdir()
-            (node_dir / "nats.conf").write_text(CONFIG.read_text())
+            (node_dir / "nats.conf").write_text(config_text(embedded.free_port()))
             node_config = NODE_CONFIG.read_text().replace("/data/jetstream", json.dumps(str(node_dir / "js"))[1:-1])
             (node_dir / "cluster-node.conf").write_text(node_config)
             client, route, http = ports[name]
@@ -419,7 +504,8 @@ async def test_every_service_does_its_job_under_its_own_user(secure_nats, connec
                              "shard_port": str(port)}),
                 ("ledger", {"database_url": database_url}),
                 ("cleanup", {"sweep_period_s": "600"}),
-                ("installer", {"modules_dir": str(tmp_path / "modules")})):
+                ("installer", {"modules_dir": str(tmp_path / "modules")}),
+                ("web", {"web_token": secrets.token_urlsafe(16), "web_port": "0"})):
             services.nats_url = secure_nats.url(name)
             services.start(name, **settings)
         website, operator, module = await connect("website"), await connect("operator"), await connect("module-events")
@@ -495,7 +581,9 @@ async def test_every_service_does_its_job_under_its_own_user(secure_nats, connec
         status = json.loads(done.stdout)
         assert status["errors"] == []
         assert {name: s["replicas"] for name, s in status["services"].items()} == {
-            "cleanup": 1, "gateway": 1, "installer": 1, "ledger": 1}
+            "cleanup": 1, "gateway": 1, "installer": 1, "ledger": 1, "web": 1}
+        web = (await operator.ask(subjects.health("web")))
+        assert web["status"] == 200 and web["url"].startswith("http://127.0.0.1:"), web
         assert [s["shard"] for s in status["shards"]] == ["uoa"]
         assert "SHARD_FRAMES" in {s["name"] for s in status["streams"]}
         assert {"BOARD_GUILDS", "SHARDBUS_INSTALLER"} <= {b["name"] for b in status["buckets"]}
@@ -702,3 +790,69 @@ async def test_the_gateways_own_subscriptions_refuse_what_the_website_cannot_sen
         if sim is not None:
             await sim.close()
         services.stop_all()
+
+
+# --- the web door's own user (after the tests above: its feed sources their SHARD_FRAMES) -----
+
+async def test_the_web_door_relays_reports_and_sweeps_and_builds_its_feed_but_forges_nothing(connect):
+    web, gateway = await connect("web"), await connect("gateway")
+    ledger, cleanup = await connect("ledger"), await connect("cleanup")
+    gjs, wjs = gateway.nc.jetstream(), web.nc.jetstream()
+    try:
+        await gjs.stream_info("SHARD_FRAMES")
+    except NotFoundError:  # this test alone: the gateway service has not made it
+        await gjs.add_stream(name="SHARD_FRAMES", subjects=["shard.*.frame.>"])
+
+    # What the door sends besides the website's list: a module's report, the operator's sweeps.
+    reports, sweeps = await listen(ledger, "ledger.expired.*"), await listen(cleanup, "cleanup.sweep")
+    await web.nc.publish(subjects.ledger_expired("events"), b"{}")
+    await web.nc.publish(subjects.CLEANUP_SWEEP, b"{}")
+    await reports.wait_for(1)
+    await sweeps.wait_for(1)
+
+    # Its feed: the stream WEB_FEED, sourcing SHARD_FRAMES and the ledger's LEDGER_EVENTS (which
+    # the ledger creates), read through consumers of its own.
+    from services.ledger.event_stream import declare_events_stream
+    from services.web.feed_stream import FeedStream
+    from services.web.settings import WebSettings
+
+    await declare_events_stream(ledger.nc.jetstream())
+    shard = f"w{secrets.token_hex(4)}"
+    await wjs.add_stream(name="WEB_FEED", sources=[StreamSource(name="SHARD_FRAMES"),
+                                                   StreamSource(name=subjects.LEDGER_EVENTS_STREAM)])
+    try:
+        await gjs.publish(subjects.frame(shard, "guild.update"), b'{"kind":"guild.update"}')
+        await ledger.nc.publish(f"ledger.events.run.{shard}", b'{"runId":"x"}')
+        for subject in (f"shard.{shard}.frame.>", f"ledger.events.run.{shard}"):
+            feed = await wjs.subscribe(subject, stream="WEB_FEED", ordered_consumer=True,
+                                       deliver_policy=DeliverPolicy.ALL)
+            assert (await feed.next_msg(timeout=10)).subject.startswith(subject.rstrip(">"))
+            await feed.unsubscribe()
+        sources = {source.name for source in (await wjs.stream_info("WEB_FEED")).config.sources}
+        assert sources == {"SHARD_FRAMES", subjects.LEDGER_EVENTS_STREAM}
+        assert web.errors == []
+        for subject in (subjects.health("web"), subjects.PING):  # it answers these
+            assert not await web.refused_subscription(subject)
+
+        # What it may not: forge a frame, a sweep transition or a board entry, touch another
+        # stream or the installer's lock, delete or purge even its own feed, hear another inbox.
+        refused = [subject for subject in (
+            subjects.frame(shard, "x"), subjects.deadletter(shard), subjects.LEDGER_SWEEP_CLAIM,
+            "$KV.BOARD_GUILDS.x.1.guild", "$JS.API.STREAM.CREATE.OTHER", "$JS.API.STREAM.UPDATE.SHARD_FRAMES",
+            "$JS.API.STREAM.DELETE.WEB_FEED", "$JS.API.STREAM.PURGE.WEB_FEED",
+            "$JS.API.STREAM.INFO.KV_SHARDBUS_INSTALLER", "$KV.SHARDBUS_INSTALLER.site")
+            if not await web.refused(subject)]
+        assert refused == []
+        assert await web.refused_subscription(f"{own_inbox('website')}.>")
+        assert await web.refused_subscription(subjects.LEDGER_SWEEP_CLAIM)
+
+        # The door's own code declares it the same way: every JetStream request it makes is allowed.
+        await gjs.delete_stream("WEB_FEED")
+        web.errors.clear()  # the refusals just above
+        feed_stream = FeedStream(web.nc, WebSettings(web_token="not-used-here"))
+        await feed_stream.ensure()
+        assert set(feed_stream.sources) - set(feed_stream.missing) >= {"SHARD_FRAMES", subjects.LEDGER_EVENTS_STREAM}
+        assert web.errors == []
+    finally:
+        with contextlib.suppress(NotFoundError):
+            await gjs.delete_stream("WEB_FEED")

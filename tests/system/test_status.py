@@ -1,6 +1,9 @@
 """``shardbus status`` against real servers and real service processes: replicas counted
-through ``shardbus.ping`` (two ledgers are two), a connected shard with its last line, stream
-and bucket sizes, and a run whose cleanup is incomplete; the table and ``--json``.
+through ``shardbus.ping`` (two ledgers are two, the web door among the services), a connected
+shard with its last line, stream and bucket sizes, and a run whose cleanup is incomplete; the
+table and ``--json``; and where it takes its NATS address from (``--nats-url``,
+``SHARDBUS_NATS_URL``, the env file of the ``shardbus up`` running for the directory, the
+default), never silently, refusing when the env file's stack is not running.
 
 It runs its own nats-server, so the replicas it counts are exactly the ones it started
 (the session's server may be shared with other test runs)."""
@@ -8,7 +11,9 @@ It runs its own nats-server, so the replicas it counts are exactly the ones it s
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -107,7 +112,7 @@ async def test_status_counts_replicas_and_shows_shards_streams_and_incomplete_ru
         report = json.loads(done.stdout)
         assert report["errors"] == []
         replicas = {name: s["replicas"] for name, s in report["services"].items()}
-        assert replicas == {"gateway": 2, "ledger": 2, "cleanup": 0, "installer": 0}
+        assert replicas == {"gateway": 2, "ledger": 2, "cleanup": 0, "installer": 0, "web": 0}
         ledger_pids = {i["pid"] for i in report["services"]["ledger"]["instances"]}
         assert ledger_pids == {h.proc.pid for h in services.started if h.name == "ledger"}
         assert [s["shard"] for s in report["shards"]] == ["uos", "uot"]
@@ -142,3 +147,65 @@ async def test_status_with_nothing_running_says_so_and_status_without_nats_fails
     failed = await asyncio.to_thread(status, url)
     assert failed.returncode == 1 and "cannot reach NATS" in failed.stderr
     assert "hunter2secret" not in failed.stderr + failed.stdout
+
+
+# --- where the NATS address comes from ---------------------------------------------------------
+
+def status_in(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``shardbus status`` typed in ``cwd``, with no SHARDBUS_ variable but ``env``."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SHARDBUS_")}
+    return subprocess.run([sys.executable, "-m", "shardbus", "status", *args], cwd=cwd, env={**clean, **env},
+                          capture_output=True, text=True, timeout=30)
+
+
+def write_env_file(project: Path, nats_url: str) -> Path:
+    """The env file a ``shardbus up`` in ``project`` would leave (its lock not held yet)."""
+    state = project / ".shardbus"
+    state.mkdir()
+    (state / "up.lock").write_text("4242")
+    (state / "env").write_text(f"# test\nNATS_URL={nats_url}\nSHARD_TOKEN=t\n")
+    return state / "env"
+
+
+async def test_status_asks_the_running_stack_of_its_directory_and_says_so(own_nats, tmp_path):
+    env_file = write_env_file(tmp_path, own_nats)
+    with open(env_file.parent / "up.lock", "a+") as lock:  # as a running `shardbus up` holds it
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        done = await asyncio.to_thread(status_in, tmp_path, "--json", "--wait", "0.3")
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        assert report["nats"] == own_nats
+        assert report["natsSource"] == f"{env_file}, written by the shardbus up running there (pid 4242)"
+
+        # An explicit address wins, and says so; so does --nats-url.
+        url = f"nats://127.0.0.1:{embedded.free_port()}"
+        failed = await asyncio.to_thread(status_in, tmp_path, "--wait", "0.3", SHARDBUS_NATS_URL=url)
+        assert failed.returncode == 1
+        assert f"cannot reach NATS at {url} (the address came from SHARDBUS_NATS_URL, which wins over {env_file}" \
+            in failed.stderr
+        named = await asyncio.to_thread(status_in, tmp_path, "--json", "--wait", "0.3", "--nats-url", own_nats)
+        assert json.loads(named.stdout)["natsSource"] == "--nats-url"
+
+        # SHARDBUS_STATE_DIR finds the same stack from anywhere.
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        found = await asyncio.to_thread(status_in, elsewhere, "--json", "--wait", "0.3",
+                                        SHARDBUS_STATE_DIR=str(env_file.parent))
+        assert json.loads(found.stdout)["nats"] == own_nats
+
+    # The lock released: that stack is not running, and status will not ask anything else.
+    stale = await asyncio.to_thread(status_in, tmp_path, "--wait", "0.3")
+    assert stale.returncode == 1 and stale.stdout == ""
+    assert f"the shardbus up of {env_file.parent} is not running" in stale.stderr
+    assert own_nats in stale.stderr
+
+
+async def test_status_without_any_address_says_it_asked_the_default(tmp_path):
+    done = await asyncio.to_thread(status_in, tmp_path, "--json", "--wait", "0.3")
+    said = done.stdout + done.stderr
+    # Whatever listens on 127.0.0.1:4222 (or nothing), the default is named as such.
+    assert "the default: no --nats-url, no SHARDBUS_NATS_URL, and no running shardbus up here" in said
+    if done.returncode == 0:
+        assert json.loads(done.stdout)["nats"] == "nats://127.0.0.1:4222"
+    else:
+        assert "cannot reach NATS at nats://127.0.0.1:4222" in done.stderr

@@ -1,5 +1,5 @@
 """``shardbus up`` at scale: ``--replicas`` starts that many healthy processes per service
-(every gateway on its own shard port), ``--nats-cluster 3`` runs three clustered nats-server
+(every gateway on its own shard port, the web replicas on one shared port), ``--nats-cluster 3`` runs three clustered nats-server
 nodes with the streams replicated three ways, a bad spec is refused clearly, and Ctrl-C
 leaves nothing running."""
 
@@ -96,14 +96,14 @@ def test_an_even_nats_cluster_is_refused(tmp_path):
 def test_replicas_start_that_many_healthy_processes_and_ctrl_c_leaves_none(state_dir):
     started = time.monotonic()
     state = state_dir
-    proc, found = start_up(state, "--replicas", "gateway=2,ledger=2,cleanup=3,installer=2")
+    proc, found = start_up(state, "--replicas", "gateway=2,ledger=2,cleanup=3,installer=2,web=2")
     try:
-        assert _services_running(proc) == {"gateway": 2, "ledger": 2, "cleanup": 3, "installer": 2}
+        assert _services_running(proc) == {"gateway": 2, "ledger": 2, "cleanup": 3, "installer": 2, "web": 2}
         health = sorted(p.name for p in (state / "run").glob("*.health") if health_file_is_fresh(str(p)))
         assert health == ["cleanup-1.health", "cleanup-2.health", "cleanup-3.health", "gateway-1.health",
                           "gateway-2.health", "installer-1.health", "installer-2.health", "ledger-1.health",
-                          "ledger-2.health"]
-        assert len({p.name for p in (state / "logs").glob("*.log")}) == 9
+                          "ledger-2.health", "web-1.health", "web-2.health"]
+        assert len({p.name for p in (state / "logs").glob("*.log")}) == 11
 
         # The four lines a single stack prints are still there; every gateway has its own port.
         addrs = found["SHARD_ADDRS"].split(",")
@@ -125,6 +125,7 @@ def test_a_three_node_nats_cluster_carries_frames_on_a_stream_with_three_replica
     try:
         urls = found["NATS_URL"].split(",")
         assert len(set(urls)) == 3
+        assert len(set(found["NATS_WS_URL"].split(","))) == 3  # a WebSocket listener on every node
         assert len(_nats_servers(proc)) == 3
 
         data = asyncio.run(_frame_arrives(found["NATS_URL"], found["SHARD_ADDR"], found["SHARD_TOKEN"], "c3"))

@@ -23,10 +23,23 @@ def up_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("SHARDBUS_")}
 
 
-def start_up(state_dir: Path, *args: str) -> tuple[subprocess.Popen, dict[str, str]]:
-    """Start ``shardbus up`` with ``args``; return it and its KEY=value lines once ready."""
-    proc = subprocess.Popen([sys.executable, "-m", "shardbus", "up", "--state-dir", str(state_dir), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=up_env())
+def start_up(state_dir: Path | None, *args: str, cwd: Path | None = None,
+             env: dict[str, str] | None = None) -> tuple[subprocess.Popen, dict[str, str]]:
+    """Start ``shardbus up`` with ``args`` (``state_dir`` None: its default, ``.shardbus`` in
+    ``cwd``); return it and its KEY=value lines once ready (the whole output under ``"_lines"``)."""
+    state = ["--state-dir", str(state_dir)] if state_dir is not None else []
+    return start_command([sys.executable, "-m", "shardbus", "up", *state, *args], cwd=cwd, env=env)
+
+
+def start_command(command: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None,
+                  unset: tuple[str, ...] = (), new_session: bool = False) -> tuple[subprocess.Popen, dict[str, str]]:
+    """Start a command that runs ``shardbus up`` (``shardbus up`` itself, or ``make up``) with
+    ``env`` added to :func:`up_env` and ``unset`` removed; return it and its KEY=value lines once
+    ready. ``new_session``: in a process group of its own, as a terminal runs it (:func:`stop_up`
+    then sends Ctrl-C to the whole group)."""
+    environment = {k: v for k, v in {**up_env(), **(env or {})}.items() if k not in unset}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=environment, cwd=cwd, start_new_session=new_session)
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     found: dict[str, str] = {}
@@ -44,18 +57,26 @@ def start_up(state_dir: Path, *args: str) -> tuple[subprocess.Popen, dict[str, s
         if sep and key.isupper():
             found[key] = value
         if "is ready" in line:
+            found["_lines"] = "\n".join(seen)
             return proc, found
-    stop_up(proc)
+    stop_up(proc, group=new_session)
     raise AssertionError("shardbus up did not get ready:\n" + "\n".join(seen))
 
 
-def stop_up(proc: subprocess.Popen) -> list[psutil.Process]:
-    """Ctrl-C ``shardbus up``; return whatever it started that is still alive after."""
+def stop_up(proc: subprocess.Popen, *, group: bool = False) -> list[psutil.Process]:
+    """Ctrl-C ``shardbus up`` (``group``: its whole process group, as a terminal does); return
+    whatever it started that is still alive after."""
     try:
         family = psutil.Process(proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         family = []
-    proc.send_signal(signal.SIGINT)
+    if group:
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+    else:
+        proc.send_signal(signal.SIGINT)
     try:
         proc.wait(30)
     except subprocess.TimeoutExpired:
