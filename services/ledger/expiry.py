@@ -43,7 +43,7 @@ async def expire(db: Database, module: str, body: Any) -> tuple[int, list[Change
     async with db.connect() as conn:
         result = await rows(conn, f"""
             WITH changed AS (
-                UPDATE resources SET status = :to, updated_at = now(), claimed_at = NULL
+                UPDATE resources SET status = :to, last_error = :why, updated_at = now(), claimed_at = NULL
                 WHERE module = :module AND kind = :kind AND ref = :ref AND status = ANY(:allowed)
                 RETURNING *
             ), logged AS (
@@ -53,6 +53,7 @@ async def expire(db: Database, module: str, body: Any) -> tuple[int, list[Change
             )
             {changed_resources_select('changed')}""",
                               {"module": module, "kind": kind, "ref": ref, "to": step.to,
+                               "why": statuses.EXPIRED_ERROR,
                                "allowed": list(step.allowed), "log_kind": step.log_kind})
         changes = resource_changes(result, step.log_kind)
         run_ids = sorted({change.run["runId"] for change in changes})

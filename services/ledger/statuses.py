@@ -44,11 +44,30 @@ REVERTABLE = ("pending", "confirmed", "orphaned")
 """Statuses a sweep may claim for a give-back (and fall back to after a transient failure)."""
 
 WANTS_A_PERSON = ("orphaned", "drifted")
-"""Statuses the console shows in amber."""
+"""Statuses that want a person to look (amber, with ``reverting``, on the console)."""
 
-STATUS_COLOUR = {"pending": "grey", "confirmed": "blue", "reverting": "blue", "reverted": "green",
-                 "orphaned": "amber", "drifted": "amber", "expired": "green"}
-"""The colour the console shows each resource status in."""
+RESOURCE_WORD = {
+    "pending": "asked for, not yet confirmed",  # shardbus's words: the seed quotes none
+    "confirmed": "still out there",             # S000:482 ("`confirmed` is still out there")
+    "reverting": "being given back",            # shardbus's words
+    "reverted": "given back",                   # S000:75
+    "orphaned": "gone",                         # S000:76
+    "drifted": "someone else moved it",         # S000:77
+    "expired": "ended by the game on time",     # S000:78
+}
+"""What the console says of each resource status: the website core seed's ``RESOURCE_WORD``
+(S000 = ../shared/seeds/000_17c043ca07765dbb.txt, EventRun.jsx) where it quotes one."""
+
+RESOURCE_COLOUR = {
+    "pending": "grey", "confirmed": "blue",             # shardbus's: the seed quotes neither
+    "reverting": "amber", "drifted": "amber", "orphaned": "amber",  # S000:65-67, '#d9c184'
+    "reverted": "green", "expired": "green",           # S000:59-63, 68-70, '#8fc79a'
+}
+"""The seed's two groups (S000:59-63): green is resolved, amber wants a person; never the
+only signal (the word goes with it)."""
+
+EXPIRED_ERROR = "the game ended it at its deadline"
+"""The ``lastError`` an expiry writes (S000:176)."""
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from typing import Any
 
 import asyncpg
 
+from services.ledger.statuses import RESOURCE_COLOUR, RESOURCE_WORD
 from shared.database import normalise_url
 
 CONNECT_TIMEOUT_S = 3.0
@@ -227,11 +228,20 @@ def run_json(alias: str) -> str:
             f"'updatedAt', {a}.updated_at, 'endedAt', {a}.ended_at)")
 
 
+def _by_status(alias: str, table: dict[str, str]) -> str:
+    """SQL: ``table[alias.status]`` (a CASE over constants from statuses.py, no parameters)."""
+    arms = " ".join(f"WHEN '{status}' THEN '{text}'" for status, text in table.items())
+    return f"CASE {alias}.status {arms} END"
+
+
 def resource_json(alias: str) -> str:
-    """SQL rendering the resource row ``alias`` as its wire JSON."""
+    """SQL rendering the resource row ``alias`` as its wire JSON (with the console's word and
+    colour for its status, statuses.RESOURCE_WORD and RESOURCE_COLOUR)."""
     a = alias
     return (f"json_build_object('resourceId', {a}.id, 'runId', {a}.run_id, 'module', {a}.module, "
-            f"'kind', {a}.kind, 'ref', {a}.ref, 'status', {a}.status, 'attempts', {a}.attempts, "
+            f"'kind', {a}.kind, 'ref', {a}.ref, 'status', {a}.status, "
+            f"'word', {_by_status(a, RESOURCE_WORD)}, 'colour', {_by_status(a, RESOURCE_COLOUR)}, "
+            f"'attempts', {a}.attempts, "
             f"'gaveUp', {a}.gave_up, 'leaseDeadline', {a}.lease_deadline, 'revert', {a}.revert, "
             f"'idempotencyKey', {a}.idempotency_key, 'lastError', {a}.last_error, "
             f"'createdAt', {a}.created_at, 'updatedAt', {a}.updated_at)")
