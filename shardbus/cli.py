@@ -294,20 +294,13 @@ def build_parser(stack: Any = None) -> argparse.ArgumentParser:
                          "(default: $SHARDBUS_STATE_DIR, else .shardbus)")
     port_help = ("default: SHARDBUS_{name}, else the previous start's port when it is free, else a free "
                  "one; a port asked for must be free")
-    up.add_argument("--shard-port", type=int, default=None,
-                    help="TCP port for shards; gateway replicas use the next ones (" + port_help.format(
-                        name="SHARD_PORT") + ")")
-    up.add_argument("--nats-port", type=int, default=None,
-                    help="NATS client port; cluster nodes use the next ones (" + port_help.format(
-                        name="NATS_PORT") + ")")
-    up.add_argument("--nats-ws-port", type=int, default=None,
-                    help="NATS WebSocket port for browser pages; cluster nodes use the next ones (" + port_help.format(
-                        name="NATS_WS_PORT") + ")")
-    up.add_argument("--web-port", type=int, default=None,
-                    help="the web door's HTTP port, shared by its replicas (" + port_help.format(
-                        name="WEB_PORT") + ")")
-    up.add_argument("--postgres-port", type=int, default=None,
-                    help="PostgreSQL's port (" + port_help.format(name="POSTGRES_PORT") + ")")
+    for key, what in (("shard", "TCP port for shards; gateway replicas use the next ones"),
+                      ("nats", "NATS client port; cluster nodes use the next ones"),
+                      ("nats_ws", "NATS WebSocket port for browser pages; cluster nodes use the next ones"),
+                      ("web", "the web door's HTTP port, shared by its replicas"),
+                      ("postgres", "PostgreSQL's port")):  # the keys of shardbus.stack.PORTS
+        up.add_argument(f"--{key.replace('_', '-')}-port", dest=f"{key}_port", type=int, default=None,
+                        help=f"{what} ({port_help.format(name=key.upper() + '_PORT')})")
     up.add_argument("--replicas", type=_replicas_arg, default=None, metavar="SERVICE=N,…",
                     help="processes per service, e.g. gateway=2,ledger=2,cleanup=3,installer=2 (default 1 each)")
     up.add_argument("--nats-cluster", type=_nats_nodes_arg, default=1, metavar="N",

@@ -64,7 +64,7 @@ def create_app(settings: WebSettings | None = None) -> FastStream:
 
     @app.after_startup
     async def serve_http() -> None:
-        http.state.nc = broker._connection
+        http.state.nc = broker.connection
         sock = listen_socket(settings.web_host, settings.web_port)
         host, port = sock.getsockname()[:2]
         state["url"] = f"http://{host if ':' not in host else f'[{host}]'}:{port}"

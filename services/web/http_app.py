@@ -12,19 +12,16 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.web import feed, installer_routes, ledger_routes, sidecar_routes
 from services.web.auth import Tokens
+from services.web.relay import error
 from services.web.settings import WebSettings
 
 PROTOCOL_VERSION = 7
 """The shard protocol the door's sidecar routes speak (the sidecar seed's PROTOCOL_VERSION)."""
-
-
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 class BodyCap:
@@ -39,7 +36,7 @@ class BodyCap:
         if scope["type"] == "http":
             for name, value in scope["headers"]:
                 if name == b"content-length" and (not value.isdigit() or int(value) > self.limit):
-                    response = _error(413, f"request body over {self.limit} bytes")
+                    response = error(413, f"request body over {self.limit} bytes")
                     await response(scope, receive, send)
                     return
         await self.app(scope, receive, send)
@@ -57,16 +54,16 @@ def build_http_app(settings: WebSettings, nc: Any = None) -> FastAPI:
     app.state.nc = nc
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _error(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> Response:
+        return error(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid(_request: Request, exc: RequestValidationError) -> Response:
         parts = []
         for err in exc.errors():
             where = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body",)) or "body"
             parts.append(f"{where}: {err.get('msg', 'invalid')}")
-        return _error(400, "invalid request: " + "; ".join(parts))
+        return error(400, "invalid request: " + "; ".join(parts))
 
     app.add_middleware(BodyCap, limit=settings.web_max_body_bytes)
 

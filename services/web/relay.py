@@ -8,11 +8,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import nats.errors
 from fastapi import HTTPException, Request
 from fastapi.responses import Response
 
-from services.web.nats_calls import BadReply, NatsAway, NoAnswer, NoResponders, call
+from services.web.nats_calls import BadReply, NatsAway, NoAnswer, NoResponders, TooLarge, call
 
 INT_DIGITS_MAX = 4300
 """Python's limit on the digits of an integer read from text (a longer one is a 400 here)."""
@@ -84,32 +83,29 @@ def reply_response(reply: dict[str, Any], status: int) -> Response:
     return Response(content, status_code=status, media_type="application/json")
 
 
-def error(status: int, message: str) -> Response:
-    """The door's own error shape."""
+def error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    """The door's own error shape, ``{"error": "…"}``, for every route and handler."""
     return Response(json.dumps({"error": message}, ensure_ascii=False).encode(), status_code=status,
-                    media_type="application/json")
+                    headers=headers, media_type="application/json")
 
 
 async def relay(request: Request, subject: str, body: dict[str, Any], *, service: str,
                 timeout_s: float | None = None, success: int | None = None) -> Response:
     """Ask ``service`` on ``subject`` with ``body`` and answer with its reply (``success``, when
     given, replaces a 2xx status: the installer's 201)."""
-    nc = request.app.state.nc
     timeout = max(request.app.state.settings.web_request_timeout_s, timeout_s or 0.0)
-    if nc is None or not nc.is_connected:
-        return error(503, "the web door is not connected to NATS; retry shortly")
     try:
-        reply = await call(nc, subject, body, timeout)
+        reply = await call(request.app.state.nc, subject, body, timeout)
     except NoResponders:
         return error(503, f"the {service} is not running (no replica answers {subject})")
     except NoAnswer:
         return error(504, f"the {service} did not answer {subject} within {timeout:g} s")
     except NatsAway:
-        return error(503, "the web door lost its connection to NATS; retry shortly")
+        return error(503, "the web door is not connected to NATS; retry shortly")
     except BadReply:
         return error(502, f"the {service} answered {subject} with something that is not a JSON object")
-    except nats.errors.MaxPayloadError:
-        return error(413, f"the request is larger than NATS carries ({nc.max_payload} bytes)")
+    except TooLarge as exc:
+        return error(413, str(exc))
     status = reply.get("status")
     if isinstance(status, bool) or not isinstance(status, int) or not 200 <= status <= 599:
         return error(502, f"the {service} answered {subject} without a valid status")

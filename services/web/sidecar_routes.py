@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from services.web import nats_calls, relay
 from services.web.auth import Caller, website
@@ -30,6 +30,8 @@ PROTOCOL_HEADER = "Shard-Protocol"
 SHARD_RULE = "shard must match [a-z0-9_-]{1,32}"
 NO_DEFAULT = ("no default shard is configured (SHARDBUS_WEB_DEFAULT_SHARD): "
               "use /shards/{shard}/… paths")
+BOARDS_AWAY = {"error": "no gateway is running to read the boards"}
+BOARDS_LATE = {"error": "the gateway did not answer the board read in time"}
 PATH_ID_MAX = 256
 """Longest run or page id taken from a path."""
 
@@ -111,30 +113,40 @@ def command_body(route: Route, value: Any, path_value: str | None, query: dict[s
     return body
 
 
-def _shard(request: Request, given: str | None) -> str | JSONResponse:
+def _shard(request: Request, given: str | None) -> str | Response:
     if given is None:
         default = request.app.state.settings.web_default_shard
-        return default or JSONResponse({"error": NO_DEFAULT}, status_code=404)
+        return default or relay.error(404, NO_DEFAULT)
     if not subjects.is_shard_id(given):
-        return JSONResponse({"error": SHARD_RULE}, status_code=400)
+        return relay.error(400, SHARD_RULE)
     return given
 
 
-async def forward(request: Request, shard: str, verb: str, body: dict[str, Any]) -> JSONResponse:
+async def _ask(request: Request, subject: str, body: dict[str, Any], headers: dict[str, str] | None,
+               nobody: dict[str, str], late: dict[str, str]) -> dict[str, Any] | Response:
+    """The gateway's reply, or the door's answer when there is none: ``nobody`` (503) when no
+    gateway holds the subject or the door's NATS is away, ``late`` (504) when none came in time."""
+    state = request.app.state
+    try:
+        return await nats_calls.call(state.nc, subject, body, state.settings.web_request_timeout_s, headers)
+    except (nats_calls.NoResponders, nats_calls.NatsAway):
+        return JSONResponse(nobody, status_code=503)
+    except nats_calls.NoAnswer:
+        return JSONResponse(late, status_code=504)
+    except nats_calls.TooLarge as exc:
+        return relay.error(413, str(exc))
+    except nats_calls.BadReply:
+        return relay.error(502, "the gateway answered something that is not JSON")
+
+
+async def forward(request: Request, shard: str, verb: str, body: dict[str, Any]) -> Response:
     """Send the command and answer as the sidecar does."""
     headers = None
     if (expected := request.headers.get(PROTOCOL_HEADER)) is not None:
         headers = {PROTOCOL_HEADER: expected[:64]}
-    state = request.app.state
-    try:
-        reply = await nats_calls.call(state.nc, subjects.command(shard, verb), body,
-                                      state.settings.web_request_timeout_s, headers)
-    except (nats_calls.NoResponders, nats_calls.NatsAway):
-        return JSONResponse(NOT_CONNECTED, status_code=503)
-    except nats_calls.NoAnswer:
-        return JSONResponse(NO_REPLY, status_code=504)
-    except nats_calls.BadReply:
-        return JSONResponse({"error": "the gateway answered something that is not JSON"}, status_code=502)
+    reply = await _ask(request, subjects.command(shard, verb), body, headers, NOT_CONNECTED, NO_REPLY)
+    if isinstance(reply, Response):
+        return reply
     status, answer = command_answer(reply)
     return JSONResponse(answer, status_code=status)
 
@@ -152,19 +164,18 @@ def _parameters(scoped: bool) -> list[inspect.Parameter]:
 
 
 def _endpoint(route: Route, scoped: bool) -> Any:
-    async def endpoint(request: Request, **params: Any) -> JSONResponse:
+    async def endpoint(request: Request, **params: Any) -> Response:
         shard = _shard(request, params.get("shard"))
-        if isinstance(shard, JSONResponse):
+        if isinstance(shard, Response):
             return shard
         path_value = params.get("run_id", params.get("page_id"))
         if path_value is not None and len(path_value) > PATH_ID_MAX:
-            return JSONResponse({"error": f"{route.path_id} is longer than {PATH_ID_MAX} characters"},
-                                status_code=400)
+            return relay.error(400, f"{route.path_id} is longer than {PATH_ID_MAX} characters")
         try:
             value = None if route.method == "GET" else await relay.json_value(request)
             body = command_body(route, value, path_value, dict(request.query_params))
         except BodyError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=400)
+            return relay.error(400, str(exc))
         return await forward(request, shard, route.verb, body)
 
     parameters = _parameters(scoped)
@@ -181,20 +192,13 @@ def _endpoint(route: Route, scoped: bool) -> Any:
 
 
 def _board_endpoint(board: str, scoped: bool) -> Any:
-    async def endpoint(request: Request, **params: Any) -> JSONResponse:
+    async def endpoint(request: Request, **params: Any) -> Response:
         shard = _shard(request, params.get("shard"))
-        if isinstance(shard, JSONResponse):
+        if isinstance(shard, Response):
             return shard
-        state = request.app.state
-        try:
-            reply = await nats_calls.call(state.nc, subjects.board(shard, board), {},
-                                          state.settings.web_request_timeout_s)
-        except (nats_calls.NoResponders, nats_calls.NatsAway):
-            return JSONResponse({"error": "no gateway is running to read the boards"}, status_code=503)
-        except nats_calls.NoAnswer:
-            return JSONResponse({"error": "the gateway did not answer the board read in time"}, status_code=504)
-        except nats_calls.BadReply:
-            return JSONResponse({"error": "the gateway answered something that is not JSON"}, status_code=502)
+        reply = await _ask(request, subjects.board(shard, board), {}, None, BOARDS_AWAY, BOARDS_LATE)
+        if isinstance(reply, Response):
+            return reply
         status, answer = board_answer(reply)
         return JSONResponse(answer, status_code=status)
 

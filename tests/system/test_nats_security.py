@@ -279,19 +279,26 @@ async def test_the_website_cannot_forge_a_frame_a_sweep_an_expiry_or_a_board(con
 
 async def test_the_website_reads_frames_and_sends_commands(connect):
     website, gateway = await connect("website"), await connect("gateway")
-    frames = await listen(website, subjects.FRAMES_WILDCARD)
-    await gateway.nc.publish(subjects.frame("x", "y"), b'{"kind":"y"}')
-    await frames.wait_for(1)
-    assert frames.got[0].subject == "shard.x.frame.y"
+    reply = await _reads_a_frame_and_sends_a_command(website, gateway, "x")
+    assert reply["status"] == 200
+    assert website.errors == [] and gateway.errors == []
 
-    async def answer(msg: Any) -> None:  # the gateway replica holding shard x
+
+async def _reads_a_frame_and_sends_a_command(website: Any, gateway: Any, shard: str) -> dict[str, Any]:
+    """``website`` hears a frame the gateway publishes for ``shard`` and asks ``shard`` a
+    command that the gateway answers; returns the reply."""
+    frames = await listen(website, f"shard.{shard}.frame.>")
+    await gateway.nc.publish(subjects.frame(shard, "guild.update"), b'{"kind":"guild.update"}')
+    await frames.wait_for(1)
+    assert frames.got[0].subject == f"shard.{shard}.frame.guild.update"
+
+    async def answer(msg: Any) -> None:  # the gateway replica holding the shard
         await msg.respond(json.dumps({"status": 200, "body": {"kind": "item.catalog"}}).encode())
 
-    await gateway.nc.subscribe(subjects.command_wildcard("x"), cb=answer)
+    await gateway.nc.subscribe(subjects.command_wildcard(shard), cb=answer)
     await gateway.nc.flush(timeout=5)
     await asyncio.sleep(0.05)
-    assert (await website.ask(subjects.command("x", "item.catalog")))["status"] == 200
-    assert website.errors == [] and gateway.errors == []
+    return await website.ask(subjects.command(shard, "item.catalog"))
 
 
 # --- the WebSocket listener (browser pages) --------------------------------------------------
@@ -301,18 +308,7 @@ async def test_the_website_over_websocket_requests_what_it_may_and_is_refused_wh
     gateway = await connect("gateway")
     assert page.nc.connected_url.scheme == "ws"
 
-    frames = await listen(page, "shard.wsx.frame.>")
-    await gateway.nc.publish(subjects.frame("wsx", "guild.update"), b'{"kind":"guild.update"}')
-    await frames.wait_for(1)
-    assert frames.got[0].subject == "shard.wsx.frame.guild.update"
-
-    async def answer(msg: Any) -> None:  # the gateway replica holding shard wsx
-        await msg.respond(json.dumps({"status": 200, "body": {"kind": "item.catalog"}}).encode())
-
-    await gateway.nc.subscribe(subjects.command_wildcard("wsx"), cb=answer)
-    await gateway.nc.flush(timeout=5)
-    await asyncio.sleep(0.05)
-    reply = await page.ask(subjects.command("wsx", "item.catalog"))  # its reply on _INBOX_website, over ws
+    reply = await _reads_a_frame_and_sends_a_command(page, gateway, "wsx")  # its reply on _INBOX_website, over ws
     assert reply == {"status": 200, "body": {"kind": "item.catalog"}}
     assert page.errors == []
 

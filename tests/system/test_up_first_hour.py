@@ -251,3 +251,12 @@ def test_a_port_that_is_no_port_is_refused_before_anything_starts(tmp_path, vari
     assert done.returncode == 2
     assert f"{variable}={value}: a port is a whole number" in done.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_every_port_up_takes_has_its_flag():
+    from shardbus.cli import build_parser
+    from shardbus.stack import PORTS
+
+    for key, (name, _what) in PORTS.items():
+        args = build_parser().parse_args(["up", f"--{key.replace('_', '-')}-port", "2595"])
+        assert getattr(args, f"{key}_port") == 2595, name

@@ -292,3 +292,18 @@ async def test_boards_with_no_gateway_running_are_503(door, unique):
     async with door.client() as client:
         response = await client.get(f"/shards/s{unique}/guilds")
     assert response.status_code == 503 and "gateway" in response.json()["error"]
+
+
+async def test_a_body_that_nats_cannot_carry_with_its_header_is_413_and_the_door_stays_connected(door, unique):
+    # The body cap (1 MiB) equals NATS's max_payload, but the server counts a message's headers too
+    # (Shard-Protocol here) and closes a connection that publishes over it: one such request would
+    # have cut the door off NATS for every caller.
+    body = b'{"pad":"' + b"x" * (door.nc.max_payload - 10) + b'"}'
+    assert len(body) <= door.settings.web_max_body_bytes
+    async with door.client() as client:
+        response = await client.post(f"/shards/s{unique}/lease", content=body, headers={"Shard-Protocol": "7"})
+        assert response.status_code == 413 and "NATS" in response.json()["error"]
+        await asyncio.sleep(0.2)
+        after = await client.get(f"/shards/s{unique}/items")
+    assert door.nc.is_connected
+    assert after.status_code == 503 and after.json() == {"error": "shard not connected"}
