@@ -8,7 +8,12 @@ nats-server, with a real ``shardbus run ledger`` process:
 2. the raw baseline in the same run: asyncpg, 32 connections, the same INSERT (reserve) and
    guarded ``UPDATE … WHERE status IN ('pending')`` (confirm), without log or events
    (``raw_updates_per_s``); the ratio is the figure (target >= 0.5);
-3. the run console (run, 1,000 resources, counts, unresolved) over NATS in a database of
+3. what the transactional outbox costs, in the same run, straight through asyncpg with the
+   ledger stopped: the reserve+confirm statements with their run-log entries, without and
+   with the outbox insert the ledger's statements carry (``outbox_cost_ratio``), and how fast
+   the relay then publishes the events left in the outbox into JetStream
+   (``relay_events_per_s``, a ledger started on a full outbox);
+4. the run console (run, 1,000 resources, counts, unresolved) over NATS in a database of
    1,000,000 resources (generated set-based with ``generate_series``): p50/p99 (target
    p99 <= 20 ms), beside the console's SQL alone through asyncpg.
 
@@ -86,8 +91,20 @@ async def ledger_transitions(nats_url: str, seconds: float) -> tuple[float, int]
 
 async def raw_transitions(db_url: str, seconds: float) -> float:
     """The same reserve (INSERT) + guarded confirm (UPDATE) straight through asyncpg."""
+    return await _pairs_through_asyncpg(db_url, seconds, "raw", _RAW_RESERVE, _RAW_CONFIRM)
+
+
+_RAW_RESERVE = ("INSERT INTO resources (run_id, module, kind, ref, status, idempotency_key) "
+                "VALUES ($1, 'raw', 'creature', $2, 'pending', $3) "
+                "ON CONFLICT (idempotency_key) DO NOTHING RETURNING id")
+_RAW_CONFIRM = "UPDATE resources SET status = 'confirmed', updated_at = now() WHERE id = $1 AND status = ANY($2) RETURNING *"
+
+
+async def _pairs_through_asyncpg(db_url: str, seconds: float, name: str, reserve: str, confirm: str) -> float:
+    """``CLIENTS`` connections each running ``reserve`` ($1 run, $2 ref, $3 key → id) then
+    ``confirm`` ($1 id, $2 allowed) for ``seconds``; transitions/s."""
     pool = await asyncpg.create_pool(_plain(db_url), min_size=CLIENTS, max_size=CLIENTS)
-    run = f"raw-{os.getpid()}"
+    run = f"{name}-{os.getpid()}-{time.monotonic_ns()}"
     await pool.execute("INSERT INTO runs (run_id, shard, event, status) VALUES ($1, 'uo1', 'bench', 'running')", run)
     done = 0
     stop = time.perf_counter() + seconds
@@ -98,14 +115,9 @@ async def raw_transitions(db_url: str, seconds: float) -> float:
         async with pool.acquire() as conn:
             while time.perf_counter() < stop:
                 i += 1
-                ref = f"n{n}-{i}"
-                rid = await conn.fetchval(
-                    "INSERT INTO resources (run_id, module, kind, ref, status, idempotency_key) "
-                    "VALUES ($1, 'raw', 'creature', $2, 'pending', $3) "
-                    "ON CONFLICT (idempotency_key) DO NOTHING RETURNING id", run, ref, f"R{ref}")
-                row = await conn.fetchrow("UPDATE resources SET status = 'confirmed', updated_at = now() "
-                                          "WHERE id = $1 AND status = ANY($2) RETURNING *", rid, ["pending"])
-                if row is not None:
+                ref = f"{run}-{n}-{i}"
+                rid = await conn.fetchval(reserve, run, ref, ref)
+                if await conn.fetchval(confirm, rid, ["pending"]) is not None:
                     done += 2
 
     started = time.perf_counter()
@@ -113,6 +125,59 @@ async def raw_transitions(db_url: str, seconds: float) -> float:
     elapsed = time.perf_counter() - started
     await pool.close()
     return done / elapsed
+
+
+_LOGGED_RESERVE = """
+    WITH ins AS (
+        INSERT INTO resources (run_id, module, kind, ref, status, idempotency_key)
+        VALUES ($1, 'raw', 'creature', $2, 'pending', $3) ON CONFLICT (idempotency_key) DO NOTHING RETURNING *
+    ), logged AS (
+        INSERT INTO run_log (run_id, resource_id, kind, detail)
+        SELECT run_id, id, 'resource.recorded', jsonb_build_object('status', status) FROM ins
+    ){events}
+    SELECT id FROM ins"""
+_LOGGED_CONFIRM = """
+    WITH changed AS (
+        UPDATE resources SET status = 'confirmed', updated_at = now() WHERE id = $1 AND status = ANY($2) RETURNING *
+    ), logged AS (
+        INSERT INTO run_log (run_id, resource_id, kind, detail)
+        SELECT run_id, id, 'resource.confirmed', jsonb_build_object('status', status) FROM changed
+    ){events}
+    SELECT id FROM changed"""
+_EVENTS = """, events AS (
+        INSERT INTO ledger_outbox (run_id, type, run, resource)
+        SELECT c.run_id, '{kind}', json_build_object('runId', r.run_id, 'status', r.status), row_to_json(c)
+        FROM {source} c JOIN runs r ON r.run_id = c.run_id
+    )"""
+
+
+async def logged_transitions(db_url: str, seconds: float, outbox: bool) -> float:
+    """reserve+confirm as the ledger's statements write them (each with its run-log entry),
+    without or with the outbox insert; transitions/s through asyncpg."""
+    reserve = _LOGGED_RESERVE.format(events=_EVENTS.format(kind="resource.recorded", source="ins") if outbox else "")
+    confirm = _LOGGED_CONFIRM.format(events=_EVENTS.format(kind="resource.confirmed", source="changed")
+                                     if outbox else "")
+    return await _pairs_through_asyncpg(db_url, seconds, f"logged{int(outbox)}", reserve, confirm)
+
+
+async def outbox_rows(db_url: str) -> int:
+    conn = await asyncpg.connect(_plain(db_url))
+    try:
+        return await conn.fetchval("SELECT count(*) FROM ledger_outbox")
+    finally:
+        await conn.close()
+
+
+async def drain_time(db_url: str, timeout: float = 300.0) -> float:
+    """Seconds until the outbox is empty (a relay at work)."""
+    conn = await asyncpg.connect(_plain(db_url))
+    started = time.perf_counter()
+    try:
+        while await conn.fetchval("SELECT count(*) FROM ledger_outbox") and time.perf_counter() - started < timeout:
+            await asyncio.sleep(0.02)
+        return time.perf_counter() - started
+    finally:
+        await conn.close()
 
 
 async def fill(db_url: str, rows: int) -> str:
@@ -204,7 +269,15 @@ def main() -> int:
                        check=True, capture_output=True)
         ledger = start_ledger(tmp, nats_server.url, db_url)
         transitions, errors = asyncio.run(ledger_transitions(nats_server.url, args.seconds))
+        lag_s = asyncio.run(drain_time(db_url))  # events still to publish when the load stopped
+        embedded.stop_process(ledger)
+        ledger = None
         raw = asyncio.run(raw_transitions(db_url, args.seconds))
+        without_outbox = asyncio.run(logged_transitions(db_url, args.seconds, outbox=False))
+        with_outbox = asyncio.run(logged_transitions(db_url, args.seconds, outbox=True))
+        backlog = asyncio.run(outbox_rows(db_url))
+        ledger = start_ledger(tmp, nats_server.url, db_url)  # its relay finds the backlog
+        relay_s = asyncio.run(drain_time(db_url))
         started = time.perf_counter()
         run_id = asyncio.run(fill(db_url, args.rows))
         fill_s = time.perf_counter() - started
@@ -220,6 +293,12 @@ def main() -> int:
         "raw_updates_per_s": round(raw, 1),
         "transition_ratio": round(transitions / raw, 3),
         "transition_errors": errors,
+        "relay_lag_after_load_s": round(lag_s, 3),
+        "logged_transitions_per_s_without_outbox": round(without_outbox, 1),
+        "logged_transitions_per_s_with_outbox": round(with_outbox, 1),
+        "outbox_cost_ratio": round(with_outbox / without_outbox, 3),
+        "relay_backlog_events": backlog,
+        "relay_events_per_s": round(backlog / relay_s, 1) if relay_s else None,
         **console,
         "clients": CLIENTS,
         "seconds_per_phase": args.seconds,

@@ -11,12 +11,15 @@ one row always fits (``resources.REVERT_INLINE_MAX``)."""
 
 from __future__ import annotations
 
+import json
+
+from services.ledger.requests import RUNS_CURSOR, ListRuns
 from services.ledger.resources import REVERT_INLINE_MAX, resource_json
 from services.ledger.statuses import LIVE, RESOURCE_STATUSES, UNRESOLVED
-from services.ledger.store import Database, NotFound, first, run_json
+from services.ledger.store import NOW_MS, Database, NotFound, deadline_passed, first, run_json
 
 __all__ = ["DETAIL_INLINE_MAX", "PAGE_BYTES", "REVERT_INLINE_MAX", "console", "list_runs", "live", "live_modules",
-           "page_bytes", "paged_rows", "run_log"]
+           "leases_overdue", "page_bytes", "paged_rows", "run_log"]
 
 PAGE_BYTES = 768 * 1024
 """The most bytes of rows one reply carries (console, live rows, a claim, runs). NATS's
@@ -81,6 +84,8 @@ async def console(db: Database, run_id: str, after: int | None = None, limit: in
                                       WHERE run_id = r.run_id GROUP BY status) c ON c.status = st.status),
                 'unresolved', (SELECT count(*) FROM resources s WHERE s.run_id = r.run_id
                                                                   AND s.status = ANY(:unresolved)),
+                'leasesOverdue', (SELECT count(*) FROM resources s WHERE s.run_id = r.run_id
+                                                                     AND {deadline_passed('s')}),
                 'next', {_NEXT}
             )::text AS head, {_ROWS} AS rows
             FROM runs r WHERE r.run_id = :run_id""",
@@ -128,28 +133,51 @@ async def run_log(db: Database, run_id: str, after: int | None = None, limit: in
     return _with_rows(row.head, "entries", row.rows)
 
 
-async def list_runs(db: Database, status: str | None, cleanup_status: str | None, limit: int,
-                    budget: int = PAGE_BYTES) -> bytes:
-    """Runs filtered by status and/or cleanup status, newest first, as the reply's JSON bytes.
-    Fewer than ``limit`` when they would pass :data:`PAGE_BYTES` (then ``"more": true``)."""
+_RUN_ORDERS = {
+    # (sort key as a number, ORDER BY, the keyset condition after the cursor (:k, :id))
+    False: ("(extract(epoch FROM r.created_at) * 1000000)::bigint", "r.created_at DESC, r.run_id",
+            "(r.created_at < 'epoch'::timestamptz + CAST(:k AS bigint) * interval '1 microsecond' OR "
+            "(r.created_at = 'epoch'::timestamptz + CAST(:k AS bigint) * interval '1 microsecond' "
+            "AND r.run_id > :id))"),
+    True: ("r.starts_at", "r.starts_at, r.run_id",
+           "(r.starts_at > CAST(:k AS bigint) OR (r.starts_at = CAST(:k AS bigint) AND r.run_id > :id))"),
+}
+"""How ``ledger.runs`` orders: newest first, or by schedule when a time window is asked."""
+
+
+async def list_runs(db: Database, query: ListRuns, budget: int = PAGE_BYTES) -> bytes:
+    """A page of runs as the reply's JSON bytes: filtered by status, cleanup status, shard and
+    a time window (runs whose schedule overlaps ``[startsFrom, startsBefore)``, ordered by
+    ``startsAt``; without a window, newest first). At most ``limit`` runs and
+    :data:`PAGE_BYTES`; ``next`` (a cursor, sent back as ``after``) when more are left."""
+    key, order, after = _RUN_ORDERS[query.by_schedule]
+    cursor = RUNS_CURSOR.fullmatch(query.after) if query.after else None
     async with db.connect() as conn:
         row = await first(conn, f"""
             WITH picked AS (
-                SELECT {run_json('r')}::text AS j, r.created_at, r.run_id FROM runs r
+                SELECT {run_json('r')}::text AS j, ({key})::text || ':' || r.run_id AS cursor,
+                       row_number() OVER (ORDER BY {order}) AS n
+                FROM runs r
                 WHERE (CAST(:status AS text) IS NULL OR r.status = :status)
                   AND (CAST(:cleanup AS text) IS NULL OR r.cleanup_status = :cleanup)
-                ORDER BY r.created_at DESC, r.run_id LIMIT :limit
+                  AND (CAST(:shard AS text) IS NULL OR r.shard = :shard)
+                  AND (CAST(:before AS bigint) IS NULL OR r.starts_at < :before)
+                  AND (CAST(:from AS bigint) IS NULL OR COALESCE(r.ends_at, r.starts_at) >= :from)
+                  AND (CAST(:after AS boolean) IS NOT TRUE OR {after})
+                ORDER BY {order} LIMIT :limit + 1
             ), sized AS (
-                SELECT j, created_at, run_id,
-                       row_number() OVER w AS n, sum(octet_length(j) + 2) OVER w AS upto
-                FROM picked WINDOW w AS (ORDER BY created_at DESC, run_id)
+                SELECT j, cursor, n, sum(octet_length(j) + 2) OVER (ORDER BY n) AS upto FROM picked
+            ), kept AS (
+                SELECT * FROM sized WHERE n <= :limit AND (n = 1 OR upto <= :budget)
             )
-            SELECT string_agg(j, ', ' ORDER BY created_at DESC, run_id)
-                       FILTER (WHERE n = 1 OR upto <= :budget) AS rows,
-                   count(*) FILTER (WHERE NOT (n = 1 OR upto <= :budget)) > 0 AS more
-            FROM sized""",
-                          {"status": status, "cleanup": cleanup_status, "limit": limit, "budget": budget})
-    head = '{"status" : 200, "more" : true}' if row.more else '{"status" : 200}'
+            SELECT (SELECT string_agg(j, ', ' ORDER BY n) FROM kept) AS rows,
+                   CASE WHEN (SELECT count(*) FROM picked) > (SELECT count(*) FROM kept)
+                        THEN (SELECT cursor FROM kept ORDER BY n DESC LIMIT 1) END AS next""",
+                          {"status": query.status, "cleanup": query.cleanup_status, "shard": query.shard,
+                           "from": query.starts_from, "before": query.starts_before,
+                           "after": cursor is not None, "k": int(cursor.group(1)) if cursor else 0,
+                           "id": cursor.group(2) if cursor else "", "limit": query.limit, "budget": budget})
+    head = json.dumps({"status": 200, "more": row.next is not None, "next": row.next})
     return _with_rows(head, "runs", row.rows)
 
 
@@ -188,3 +216,25 @@ async def live_modules(db: Database, limit: int) -> bytes:
                   ORDER BY s.module LIMIT :limit) picked""",
                           {"live": list(LIVE), "limit": limit})
     return row.reply.encode()
+
+
+async def leases_overdue(db: Database, limit: int, budget: int = PAGE_BYTES) -> tuple[int, bytes]:
+    """Rows still ``confirmed`` after their ``leaseDeadline`` (the shard should have let go of
+    them while nobody watched), most overdue first: their count and the reply's JSON bytes (at
+    most ``limit`` rows and :data:`PAGE_BYTES`). Served by ``ix_resources_status_lease``."""
+    async with db.connect() as conn:
+        row = await first(conn, f"""
+            WITH overdue AS (
+                SELECT s.id, s.lease_deadline, {resource_json('s')}::text AS j,
+                       row_number() OVER (ORDER BY s.lease_deadline, s.id) AS n
+                FROM resources s WHERE s.status = 'confirmed' AND s.lease_deadline < {NOW_MS}
+                ORDER BY s.lease_deadline, s.id LIMIT :limit
+            ), sized AS (
+                SELECT j, n, sum(octet_length(j) + 2) OVER (ORDER BY n) AS upto FROM overdue
+            )
+            SELECT (SELECT count(*) FROM resources s WHERE s.status = 'confirmed' AND s.lease_deadline < {NOW_MS})
+                       AS count,
+                   (SELECT string_agg(j, ', ' ORDER BY n) FROM sized WHERE n = 1 OR upto <= :budget) AS rows""",
+                          {"limit": limit, "budget": budget})
+    head = json.dumps({"status": 200, "count": row.count})
+    return row.count, _with_rows(head, "resources", row.rows)

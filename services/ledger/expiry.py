@@ -14,8 +14,8 @@ from typing import Any
 
 from services.ledger import statuses
 from services.ledger.requests import is_module_name, is_storable
-from services.ledger.resources import changed_resources_select
-from services.ledger.store import Database, Change, as_json, resource_changes, rows, run_json
+from services.ledger.resources import resource_events
+from services.ledger.store import Database, Change, resource_changes, rows, run_changes, run_events
 from services.ledger.tables import KIND_MAX, REF_MAX
 
 
@@ -50,12 +50,11 @@ async def expire(db: Database, module: str, body: Any) -> tuple[int, list[Change
                 INSERT INTO run_log (run_id, resource_id, kind, detail)
                 SELECT run_id, id, :log_kind, jsonb_build_object('module', module, 'kind', kind, 'ref', ref)
                 FROM changed
-            )
-            {changed_resources_select('changed')}""",
+            ), {resource_events('changed', ':log_kind')}""",
                               {"module": module, "kind": kind, "ref": ref, "to": step.to,
                                "why": statuses.EXPIRED_ERROR,
                                "allowed": list(step.allowed), "log_kind": step.log_kind})
-        changes = resource_changes(result, step.log_kind)
+        changes = resource_changes(result)
         run_ids = sorted({change.run["runId"] for change in changes})
         if run_ids:
             # A second statement: it must see the rows the first one just expired.
@@ -68,9 +67,8 @@ async def expire(db: Database, module: str, body: Any) -> tuple[int, list[Change
                 ), logged AS (
                     INSERT INTO run_log (run_id, kind, detail)
                     SELECT run_id, 'cleanup.settled', '{{"by": "resource.expired"}}'::jsonb FROM changed
-                )
-                SELECT {run_json('c')}::text AS run FROM changed c""",
+                ), {run_events('changed', "'cleanup.settled'")}""",
                                    {"run_ids": run_ids, "terminal": list(statuses.RUN_TERMINAL),
                                     "unresolved": list(statuses.UNRESOLVED)})
-            changes += [Change("cleanup.settled", as_json(row.run)) for row in settled]
+            changes += run_changes(settled)
     return len(result), changes

@@ -182,10 +182,31 @@ class LedgerRequest(BaseModel):
                               allow_inf_nan=False)
 
 
+Millis = Annotated[int, Field(ge=0, le=LEASE_DEADLINE_MAX)]
+"""A moment in epoch milliseconds (up to 9999-12-31)."""
+
+RUNS_CURSOR = re.compile(r"(\d{1,19}):([A-Za-z0-9_-]{1,64})")
+"""A ``ledger.runs`` page's ``next``: the last run's sort key (a number) and its id."""
+
+
+def _runs_cursor(value: str) -> str:
+    if not RUNS_CURSOR.fullmatch(value):
+        raise ValueError("must be the `next` of the page before (a number, a colon and a run id)")
+    return value
+
+
 class CreateRun(LedgerRequest):
     run_id: RunId | None = None
     shard: str = Field(pattern=f"^{SHARD_ID_PATTERN}$")
     event: Annotated[str, Field(min_length=1, max_length=128), Text]
+    starts_at: Millis | None = None
+    ends_at: Millis | None = None
+
+    @model_validator(mode="after")
+    def _ends_after_start(self) -> "CreateRun":
+        if self.starts_at is not None and self.ends_at is not None and self.ends_at < self.starts_at:
+            raise ValueError("endsAt must not be before startsAt")
+        return self
 
 
 class SetRunStatus(LedgerRequest):
@@ -237,6 +258,26 @@ class RunLogPage(LedgerRequest):
 class ListRuns(LedgerRequest):
     status: RunStatus | None = None
     cleanup_status: CleanupStatus | None = None
+    shard: str | None = Field(default=None, pattern=f"^{SHARD_ID_PATTERN}$")
+    starts_from: Millis | None = None
+    starts_before: Millis | None = None
+    after: Annotated[str, AfterValidator(_runs_cursor)] | None = Field(default=None, max_length=100)
+    limit: int = Field(default=100, ge=1, le=1000)
+
+    @model_validator(mode="after")
+    def _window(self) -> "ListRuns":
+        if (self.starts_from is not None and self.starts_before is not None
+                and self.starts_before <= self.starts_from):
+            raise ValueError("startsBefore must be after startsFrom")
+        return self
+
+    @property
+    def by_schedule(self) -> bool:
+        """A time window orders by ``startsAt`` (a calendar); otherwise newest first."""
+        return self.starts_from is not None or self.starts_before is not None
+
+
+class LeasesOverdue(LedgerRequest):
     limit: int = Field(default=100, ge=1, le=1000)
 
 
@@ -279,18 +320,33 @@ class SweepFailed(LedgerRequest):
 
 class SweepOutcome(LedgerRequest):
     resource_id: ResourceId
-    verdict: Literal["reverted", "drifted", "failed", "transient"]
+    verdict: Literal["reverted", "drifted", "failed", "transient", "away"]
     error: ErrorText | None = None
 
     @model_validator(mode="after")
     def _failures_say_why(self) -> SweepOutcome:
-        if self.verdict in ("failed", "transient") and not self.error:
+        if self.verdict in ("failed", "transient", "away") and not self.error:
             raise ValueError(f"error is required when the verdict is {self.verdict}")
         return self
 
 
+AWAY_BACKOFF_S = 2.0
+"""The first wait of a row whose give-back met nobody (``away``), when the request names none."""
+
+AWAY_BACKOFF_MAX_S = 60.0
+"""The longest wait of such a row, when the request names none."""
+
+AWAY_BACKOFF_MIN_S = 0.01
+"""The shortest back-off base taken."""
+
+AWAY_BACKOFF_LIMIT_S = 86_400.0
+"""The longest back-off taken (a day)."""
+
+
 class SweepOutcomes(LedgerRequest):
     outcomes: list[SweepOutcome] = Field(min_length=1, max_length=OUTCOMES_MAX)
+    away_backoff_s: float = Field(default=AWAY_BACKOFF_S, ge=AWAY_BACKOFF_MIN_S, le=AWAY_BACKOFF_LIMIT_S)
+    away_backoff_max_s: float = Field(default=AWAY_BACKOFF_MAX_S, ge=AWAY_BACKOFF_MIN_S, le=AWAY_BACKOFF_LIMIT_S)
 
     @model_validator(mode="after")
     def _one_outcome_per_row(self) -> SweepOutcomes:
@@ -299,6 +355,17 @@ class SweepOutcomes(LedgerRequest):
             twice = sorted({i for i in ids if ids.count(i) > 1})
             raise ValueError(f"outcomes name resource {', '.join(map(str, twice[:5]))} more than once")
         return self
+
+    @model_validator(mode="after")
+    def _cap_not_below_base(self) -> SweepOutcomes:
+        if self.away_backoff_max_s < self.away_backoff_s:
+            raise ValueError(f"awayBackoffMaxS ({self.away_backoff_max_s:g}) must not be less than awayBackoffS "
+                             f"({self.away_backoff_s:g})")
+        return self
+
+
+class Waiting(LedgerRequest):
+    limit: int = Field(default=100, ge=1, le=1000)
 
 
 class Finish(LedgerRequest):

@@ -11,8 +11,8 @@ import asyncpg
 
 from services.ledger import statuses, store
 from services.ledger.statuses import RUN_TERMINAL, Transition
-from services.ledger.store import (Database, Change, Conflict, as_json, first, resource_changes,
-                                   resource_or_conflict, rows, run_json, run_or_not_found)
+from services.ledger.store import (Database, Change, Conflict, NotFound, as_json, conflict, first,
+                                   resource_changes, rows, run_json, run_or_not_found)
 from services.ledger.tables import ERROR_MAX
 
 LIVE_TARGET_INDEX = "uq_resources_live_target"
@@ -39,10 +39,25 @@ def resource_json(alias: str) -> str:
     return f"(CASE WHEN {size} <= {REVERT_INLINE_MAX} THEN {whole} ELSE {omitted} END)"
 
 
-def changed_resources_select(source: str) -> str:
-    """SQL selecting ``(resource, run)`` JSON pairs for each row of the CTE ``source``."""
-    return (f"SELECT {resource_json('c')}::text AS resource, {run_json('r')}::text AS run "
-            f"FROM {source} c JOIN runs r ON r.run_id = c.run_id ORDER BY c.id")
+def resource_events_cte(source: str, type_sql: str) -> str:
+    """SQL: a CTE ``events`` writing one outbox event of type ``type_sql`` (SQL: a constant,
+    a parameter or a column of ``source``) for each resource row of the CTE ``source``, with
+    the row and its run as wire JSON. The change and its event commit together."""
+    return (f"events AS (INSERT INTO ledger_outbox (run_id, type, run, resource) "
+            f"SELECT c.run_id, {type_sql}, {run_json('r')}, {resource_json('c')} "
+            f"FROM {source} c JOIN runs r ON r.run_id = c.run_id ORDER BY c.id "
+            f"RETURNING id, type, run::text AS run, resource::text AS resource, "
+            f"(resource->>'resourceId')::bigint AS resource_id)")
+
+
+EVENTS_SELECT = "SELECT id AS event_id, type, run, resource FROM events ORDER BY id"
+"""The SELECT a resource-changing statement ends with: ``(event_id, type, run, resource)``."""
+
+
+def resource_events(source: str, type_sql: str) -> str:
+    """:func:`resource_events_cte` and :data:`EVENTS_SELECT`: the end of a statement whose
+    ``WITH`` list ends in a comma."""
+    return f"{resource_events_cte(source, type_sql)}\n{EVENTS_SELECT}"
 
 
 async def add_resource(db: Database, *, run_id: str, module: str, kind: str, ref: str,
@@ -76,10 +91,9 @@ async def add_resource(db: Database, *, run_id: str, module: str, kind: str, ref
                     UPDATE runs SET cleanup_status = 'pending', updated_at = now()
                     WHERE run_id = :run_id AND cleanup_status = 'complete' AND EXISTS (SELECT 1 FROM inserted)
                     RETURNING run_id
-                )
-                {changed_resources_select('inserted')}""", params)
+                ), {resource_events('inserted', "'resource.recorded'")}""", params)
             if result:
-                changes = resource_changes(result, "resource.recorded")
+                changes = resource_changes(result)
                 return changes[0].resource, changes
             return await _explain_no_insert(conn, run_id, module, kind, ref, idempotency_key)
     except asyncpg.UniqueViolationError as exc:
@@ -126,14 +140,29 @@ async def transition(db: Database, resource_id: int, step: Transition,
                 INSERT INTO run_log (run_id, resource_id, kind, detail)
                 SELECT run_id, id, :log_kind, jsonb_build_object('status', status, 'error', CAST(:error AS text))
                 FROM changed
-            )
-            {changed_resources_select('changed')}""",
+            ), {resource_events('changed', ':log_kind')}""",
                               {"id": resource_id, "to": step.to, "allowed": list(step.allowed),
                                "log_kind": step.log_kind, "error": _cut(error)})
         if not result:
-            raise await resource_or_conflict(conn, resource_id, step.name, step.allowed)
-    changes = resource_changes(result, step.log_kind)
+            return await _replay_or_conflict(conn, resource_id, step, _cut(error)), []
+    changes = resource_changes(result)
     return changes[0].resource, changes
+
+
+async def _replay_or_conflict(conn: asyncpg.Connection, resource_id: int, step: Transition,
+                              error: str | None) -> dict:
+    """A transition that changed nothing: the row, if this is the same request again
+    (statuses.is_replay); else NotFound or Conflict."""
+    row = await first(conn, f"""
+        SELECT s.status, s.last_error, {resource_json('s')}::text AS resource,
+               (SELECT l.kind FROM run_log l WHERE l.run_id = s.run_id AND l.resource_id = s.id
+                ORDER BY l.id DESC LIMIT 1) AS last_kind
+        FROM resources s WHERE s.id = :id""", {"id": resource_id})
+    if row is None:
+        raise NotFound(f"no resource {resource_id}")
+    if statuses.is_replay(step, row.status, row.last_kind, row.last_error, error):
+        return as_json(row.resource)
+    raise conflict(resource_id, row.status, step.name, step.allowed)
 
 
 async def reconcile(db: Database, module: str, run_id: str, kind: str | None,
@@ -153,11 +182,10 @@ async def reconcile(db: Database, module: str, run_id: str, kind: str | None,
                 INSERT INTO run_log (run_id, resource_id, kind, detail)
                 SELECT run_id, id, :log_kind, jsonb_build_object('module', module, 'kind', kind, 'ref', ref)
                 FROM changed
-            )
-            {changed_resources_select('changed')}""",
+            ), {resource_events('changed', ':log_kind')}""",
                               {"run_id": run_id, "module": module, "kind": kind, "present": present,
                                "to": step.to, "allowed": list(step.allowed), "log_kind": step.log_kind})
-    return len(result), resource_changes(result, step.log_kind)
+    return len(result), resource_changes(result)
 
 
 def _cut(error: str | None) -> str | None:

@@ -15,3 +15,11 @@ class LedgerSettings(CommonSettings):
     db_pool_size: int = Field(default=10, ge=1, description="Database connections per ledger process.")
     ledger_concurrency: int = Field(default=32, ge=1, le=1000,
                              description="Requests one ledger process handles at once, per subject.")
+    events_duplicate_window_s: float = Field(
+        default=120.0, gt=0, le=86400,
+        description="How long the LEDGER_EVENTS stream remembers an event id to drop a repeat "
+                    "(JetStream's duplicate window); the relay's takeover check covers longer gaps.")
+    lease_check_period_s: float = Field(
+        default=60.0, gt=0, le=86400,
+        description="How often the ledger looks for leases still confirmed after their deadline "
+                    "(at start, then this often) and logs a warning when their number changes.")

@@ -26,6 +26,23 @@ RUN_STATUS_FROM: dict[str, tuple[str, ...]] = {
 CLEANUP_STATUSES = ("pending", "complete", "incomplete")
 """A run's cleanup status; ``incomplete`` wants a person (manual retry)."""
 
+RUN_COLOUR = {
+    "completed": "green",                                 # S000:56 (STATUS_COLOR, '#8fc79a')
+    "scheduled": "grey", "running": "blue",               # shardbus's: the seed quotes no other
+    "cancelled": "grey", "missed": "grey", "failed": "red",  # red: "this did not work" (S000:63)
+}
+"""The colour of a run's status on the console (``colour`` on every run)."""
+
+CLEANUP_WORD = {
+    "pending": "being given back",         # shardbus's words, in the seed's terms
+    "complete": "everything given back",
+    "incomplete": "wants a person",        # S000:10 ("a human's to clear")
+}
+"""What the console says of a run's cleanup status (``cleanupWord``)."""
+
+CLEANUP_COLOUR = {"pending": "blue", "complete": "green", "incomplete": "amber"}
+"""Its colour (``cleanupColour``): green resolved, amber wants a person, as for rows (S000:59-60)."""
+
 # --- resources -------------------------------------------------------------------------
 
 RESOURCE_STATUSES = ("pending", "confirmed", "reverting", "reverted", "orphaned", "drifted", "expired")
@@ -106,3 +123,24 @@ FAILED = Transition("failed", ("reverting",), "<previous>", "cleanup.failed")
 
 TRANSITIONS = {t.name: t for t in (CONFIRM, FAIL, EXPIRE, ORPHAN, CLAIM, REVERTED, DRIFTED, FAILED)}
 """Every resource transition by name."""
+
+REPLAYABLE = (CONFIRM, FAIL, REVERTED, DRIFTED)
+"""Transitions a caller may ask again after a lost reply (a 503, a timeout) and be answered
+200 with the row: each has one fixed target status. (``failed`` returns a row to where it was
+and spends an attempt: asking it twice is two failures, so it is never a replay.)"""
+
+
+def is_replay(step: Transition, status: str, last_kind: str | None, last_error: str | None,
+              error: str | None) -> bool:
+    """Whether ``step`` asked of a row it did not change is the same request again: the row is
+    at the step's target, its latest log entry is this step's, and the error given (if any)
+    is the one stored. Such a request answers 200 with the row and changes nothing; any other
+    unchanged request is a real conflict (409)."""
+    return (step in REPLAYABLE and status == step.to and last_kind == step.log_kind
+            and (error is None or error == last_error))
+
+
+def is_retry_replay(cleanup_status: str, last_kind: str | None) -> bool:
+    """Whether a person's cleanup retry asked of a run that is not ``incomplete`` is the same
+    retry again: its cleanup is ``pending`` and its latest cleanup log entry is the retry."""
+    return cleanup_status == "pending" and last_kind == "cleanup.retried"

@@ -31,7 +31,7 @@ from typing import Any
 
 import asyncpg
 
-from services.ledger.statuses import RESOURCE_COLOUR, RESOURCE_WORD
+from services.ledger.statuses import CLEANUP_COLOUR, CLEANUP_WORD, RESOURCE_COLOUR, RESOURCE_WORD, RUN_COLOUR
 from shared.database import normalise_url
 
 CONNECT_TIMEOUT_S = 3.0
@@ -206,15 +206,17 @@ class Conflict(LedgerError):
 
 @dataclass(frozen=True)
 class Change:
-    """One committed change, published afterwards as an update event on its run's subject."""
+    """One committed change. Its update event was written to the outbox by the statement
+    that made the change (``event_id`` is the outbox row); the relay publishes it."""
 
     type: str
     run: dict[str, Any]
     resource: dict[str, Any] | None = None
+    event_id: int | None = None
 
     def event(self) -> dict[str, Any]:
-        """The update event's payload."""
-        body: dict[str, Any] = {"type": self.type, "run": self.run}
+        """The update event's payload, as the relay publishes it."""
+        body: dict[str, Any] = {"eventId": self.event_id, "type": self.type, "run": self.run}
         if self.resource is not None:
             body["resource"] = self.resource
         return body
@@ -224,14 +226,28 @@ def run_json(alias: str) -> str:
     """SQL rendering the run row ``alias`` as its wire JSON."""
     a = alias
     return (f"json_build_object('runId', {a}.run_id, 'shard', {a}.shard, 'event', {a}.event, "
-            f"'status', {a}.status, 'cleanupStatus', {a}.cleanup_status, 'createdAt', {a}.created_at, "
-            f"'updatedAt', {a}.updated_at, 'endedAt', {a}.ended_at)")
+            f"'status', {a}.status, 'colour', {_by_status(a, RUN_COLOUR)}, "
+            f"'cleanupStatus', {a}.cleanup_status, "
+            f"'cleanupWord', {_by_status(a, CLEANUP_WORD, 'cleanup_status')}, "
+            f"'cleanupColour', {_by_status(a, CLEANUP_COLOUR, 'cleanup_status')}, 'createdAt', {a}.created_at, "
+            f"'updatedAt', {a}.updated_at, 'endedAt', {a}.ended_at, "
+            f"'startsAt', {a}.starts_at, 'endsAt', {a}.ends_at)")
 
 
-def _by_status(alias: str, table: dict[str, str]) -> str:
-    """SQL: ``table[alias.status]`` (a CASE over constants from statuses.py, no parameters)."""
+def _by_status(alias: str, table: dict[str, str], column: str = "status") -> str:
+    """SQL: ``table[alias.column]`` (a CASE over constants from statuses.py, no parameters)."""
     arms = " ".join(f"WHEN '{status}' THEN '{text}'" for status, text in table.items())
-    return f"CASE {alias}.status {arms} END"
+    return f"CASE {alias}.{column} {arms} END"
+
+
+NOW_MS = "(extract(epoch FROM now()) * 1000)::bigint"
+"""SQL: the statement's time in epoch milliseconds (how lease deadlines are given)."""
+
+
+def deadline_passed(alias: str) -> str:
+    """SQL: the row ``alias`` is still ``confirmed`` after its ``leaseDeadline`` — a lease the
+    shard should have let go of (the console flags it; ``ledger.leases.overdue`` lists them)."""
+    return f"({alias}.status = 'confirmed' AND {alias}.lease_deadline < {NOW_MS})"
 
 
 def resource_json(alias: str) -> str:
@@ -241,16 +257,21 @@ def resource_json(alias: str) -> str:
     return (f"json_build_object('resourceId', {a}.id, 'runId', {a}.run_id, 'module', {a}.module, "
             f"'kind', {a}.kind, 'ref', {a}.ref, 'status', {a}.status, "
             f"'word', {_by_status(a, RESOURCE_WORD)}, 'colour', {_by_status(a, RESOURCE_COLOUR)}, "
-            f"'attempts', {a}.attempts, "
-            f"'gaveUp', {a}.gave_up, 'leaseDeadline', {a}.lease_deadline, 'revert', {a}.revert, "
+            f"'attempts', {a}.attempts, 'away', {a}.away, 'retryAt', {a}.retry_at, "
+            f"'gaveUp', {a}.gave_up, 'leaseDeadline', {a}.lease_deadline, "
+            f"'leaseDeadlinePassed', COALESCE({deadline_passed(a)}, false), 'revert', {a}.revert, "
             f"'idempotencyKey', {a}.idempotency_key, 'lastError', {a}.last_error, "
             f"'createdAt', {a}.created_at, 'updatedAt', {a}.updated_at)")
 
 
-def changed_resources_select(source: str) -> str:
-    """SQL selecting ``(resource, run)`` JSON pairs for each row of the CTE ``source``."""
-    return (f"SELECT {resource_json('c')}::text AS resource, {run_json('r')}::text AS run "
-            f"FROM {source} c JOIN runs r ON r.run_id = c.run_id ORDER BY c.id")
+def run_events(source: str, type_sql: str) -> str:
+    """SQL: a CTE ``events`` writing one outbox event of type ``type_sql`` (SQL) for each run
+    row of the CTE ``source``, then the SELECT of ``(event_id, type, run)`` every run-changing
+    statement ends with. The change and its event commit together (the transactional outbox)."""
+    return (f"events AS (INSERT INTO ledger_outbox (run_id, type, run) "
+            f"SELECT c.run_id, {type_sql}, {run_json('c')} FROM {source} c "
+            f"RETURNING id, type, run::text AS run) "
+            f"SELECT id AS event_id, type, run FROM events ORDER BY id")
 
 
 def as_json(value: Any) -> Any:
@@ -258,9 +279,14 @@ def as_json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
-def resource_changes(result: list[Any], kind: str) -> list[Change]:
-    """Turn ``(resource, run)`` rows into changes of type ``kind``."""
-    return [Change(kind, as_json(row.run), as_json(row.resource)) for row in result]
+def resource_changes(result: list[Any]) -> list[Change]:
+    """Turn ``(event_id, type, run, resource)`` rows (``resources.resource_events``) into changes."""
+    return [Change(row.type, as_json(row.run), as_json(row.resource), row.event_id) for row in result]
+
+
+def run_changes(result: list[Any]) -> list[Change]:
+    """Turn ``(event_id, type, run)`` rows (:func:`run_events`) into changes."""
+    return [Change(row.type, as_json(row.run), None, row.event_id) for row in result]
 
 
 async def resource_or_conflict(conn: asyncpg.Connection, resource_id: int, action: str,
@@ -270,8 +296,12 @@ async def resource_or_conflict(conn: asyncpg.Connection, resource_id: int, actio
     row = await first(conn, "SELECT status FROM resources WHERE id = :id", {"id": resource_id})
     if row is None:
         return NotFound(f"no resource {resource_id}")
-    return Conflict(f"resource {resource_id} is {row.status}; {action} needs it to be "
-                    f"{' or '.join(allowed)}")
+    return conflict(resource_id, row.status, action, allowed)
+
+
+def conflict(resource_id: int, status: str, action: str, allowed: tuple[str, ...]) -> Conflict:
+    """The 409 of a transition the row's status does not allow."""
+    return Conflict(f"resource {resource_id} is {status}; {action} needs it to be {' or '.join(allowed)}")
 
 
 async def run_or_not_found(conn: asyncpg.Connection, run_id: str) -> dict[str, Any]:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, CheckConstraint, Column, DateTime, ForeignKey, Index, Integer, String, UniqueConstraint, text
+from sqlalchemy import (JSON, BigInteger, Boolean, CheckConstraint, Column, DateTime, ForeignKey, Index, Integer,
+                        SmallInteger, String, UniqueConstraint, Uuid, text)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
@@ -52,7 +53,12 @@ class Run(SQLModel, table=True):
         CheckConstraint(_one_of("status", RUN_STATUSES), name="ck_runs_status"),
         CheckConstraint(_one_of("cleanup_status", CLEANUP_STATUSES), name="ck_runs_cleanup_status"),
         CheckConstraint("char_length(shard) >= 1 AND char_length(event) >= 1", name="ck_runs_names"),
+        CheckConstraint("starts_at IS NULL OR ends_at IS NULL OR ends_at >= starts_at", name="ck_runs_schedule"),
         Index("ix_runs_status_cleanup", "status", "cleanup_status"),
+        Index("ix_runs_starts_at", "starts_at"),
+        Index("ix_runs_created", text("created_at DESC"), "run_id"),
+        Index("ix_runs_cleanup_created", "cleanup_status", text("created_at DESC"), "run_id"),
+        Index("ix_runs_status_created", "status", text("created_at DESC"), "run_id"),
     )
 
     run_id: str = Field(sa_column=Column(String(64), primary_key=True))
@@ -63,6 +69,10 @@ class Run(SQLModel, table=True):
     created_at: datetime | None = Field(default=None, sa_column=_now())
     updated_at: datetime | None = Field(default=None, sa_column=_now())
     ended_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+    starts_at: int | None = Field(default=None, sa_column=Column(BigInteger))
+    """When the run is scheduled to start (ms since the epoch; optional, for calendars)."""
+    ends_at: int | None = Field(default=None, sa_column=Column(BigInteger))
+    """When it is scheduled to end (ms; optional, not before ``starts_at``)."""
 
 
 class Resource(SQLModel, table=True):
@@ -80,6 +90,7 @@ class Resource(SQLModel, table=True):
         Index("uq_resources_live_target", "module", "kind", "ref", unique=True,
               postgresql_where=text(_one_of("status", LIVE))),
         Index("ix_resources_run_status", "run_id", "status"),
+        Index("ix_resources_status_lease", "status", "lease_deadline"),
         UniqueConstraint("idempotency_key", name="uq_resources_idempotency_key"),
     )
 
@@ -98,6 +109,10 @@ class Resource(SQLModel, table=True):
     last_error: str | None = Field(default=None, sa_column=Column(String(ERROR_MAX)))
     idempotency_key: str = Field(sa_column=Column(String(IDEMPOTENCY_KEY_MAX), nullable=False))
     claimed_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+    retry_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+    """A give-back that met no shard waits until then (no attempt spent)."""
+    away: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
+    """Give-backs in a row that met no shard (the back-off's exponent)."""
     created_at: datetime | None = Field(default=None, sa_column=_now())
     updated_at: datetime | None = Field(default=None, sa_column=_now())
 
@@ -116,3 +131,29 @@ class RunLog(SQLModel, table=True):
     detail: dict[str, Any] = Field(default_factory=dict,
                                    sa_column=Column(JSONB, nullable=False, server_default=text("'{}'")))
     at: datetime | None = Field(default=None, sa_column=_now())
+
+
+class Outbox(SQLModel, table=True):
+    """Update events not yet published: written in the statement that makes the change, read,
+    published and deleted by the relay (outbox_relay.py)."""
+
+    __tablename__ = "ledger_outbox"
+
+    id: int | None = Field(default=None, sa_column=Column(BigInteger, primary_key=True, autoincrement=True))
+    run_id: str = Field(sa_column=Column(String(64), nullable=False))
+    type: str = Field(sa_column=Column(String(64), nullable=False))
+    run: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    resource: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    claimed_after: int | None = Field(default=None, sa_column=Column(BigInteger))
+    """The stream's last sequence when a relay took the event for publishing."""
+    created_at: datetime | None = Field(default=None, sa_column=_now())
+
+
+class Identity(SQLModel, table=True):
+    """One row: this database's random id, the prefix of every event's ``Nats-Msg-Id``."""
+
+    __tablename__ = "ledger_identity"
+    __table_args__ = (CheckConstraint("id = 1", name="ck_ledger_identity_one_row"),)
+
+    id: int = Field(default=1, sa_column=Column(SmallInteger, primary_key=True, server_default="1"))
+    ledger_id: Any = Field(sa_column=Column(Uuid, nullable=False, server_default=text("gen_random_uuid()")))

@@ -224,8 +224,13 @@ async def test_a_5_s_postgres_outage_is_answered_503_and_half_applies_nothing(na
         retries = [Sent(s.name, s.run, s.key, s.resource_id) for s in failed]
         for i in range(0, len(retries), 16):
             await asyncio.gather(*(ask(nc, r) for r in retries[i:i + 16]))
-        # confirm is not idempotent: its retry after a commit would be a 409 saying "is confirmed"
-        landed = [r for r in retries if r.status == 200 or (r.name == "confirm" and "is confirmed" in r.error)]
+        # Every retry lands as a 200, a confirm too: one that had committed before its 503 is a
+        # replay (statuses.is_replay), not a 409 saying "is confirmed".
+        landed = [r for r in retries if r.status == 200]
+        # A confirm answered before the outage, asked again after the restart: 200 with the row.
+        before = next(s for s in sent if s.name == "confirm" and s.status == 200 and s.at < stopped_at)
+        replay = Sent("confirm", before.run, before.key, before.resource_id)
+        replay_reply = await ask(nc, replay)
         exp_runs, exp_resources, exp_log = expected(prepared + [s for s in sent if s.status == 200] + landed)
         runs, resources, log = await read_db(db)
         await db.close()
@@ -259,6 +264,7 @@ async def test_a_5_s_postgres_outage_is_answered_503_and_half_applies_nothing(na
     assert SECRET not in said, "the database password leaked into an answer or a log"
     assert resumed < RESUME_WITHIN_S
     assert len(landed) == len(retries), [r for r in retries if r not in landed][:5]
+    assert replay.status == 200 and replay_reply["resource"]["status"] == "confirmed", replay_reply
     assert lost == 0 and duplicated == 0, f"missing {want - got}, extra {got - want}"
     assert (runs, resources) == (exp_runs, exp_resources), "a row's status differs from what the answers said"
     assert all(run in runs for run, _ in resources.values()), "a resource without its run"

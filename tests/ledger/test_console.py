@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from shared import subjects
 from tests.ledger.conftest import next_message
 
@@ -99,12 +101,16 @@ async def test_every_change_is_published_on_the_runs_event_subject_after_commit(
 
 async def test_a_refused_request_publishes_no_event(ledger, nc, unique):
     run = f"r{unique}"
-    await ledger.run(run, "completed")
     sub = await nc.subscribe(subjects.ledger_run_events(run))
+    await ledger.run(run, "completed")
+    assert [json.loads((await next_message(sub)).data)["type"] for _ in range(3)] == ["run.created", "run.status",
+                                                                                       "run.status"]
     assert (await ledger.ask(subjects.LEDGER_RUN_STATUS, runId=run, status="running"))["status"] == 409
     assert (await ledger.record(run, "c1", reserve=True))["status"] == 409
-    await nc.flush()
-    assert sub.pending_msgs == 0
+    # Events leave in commit order: the next one is the next accepted change's, nothing between.
+    assert (await ledger.record(run, "c2"))["status"] == 200
+    event = json.loads((await next_message(sub)).data)
+    assert (event["type"], event["resource"]["ref"]) == ("resource.recorded", "c2")
     await sub.unsubscribe()
 
 
@@ -145,3 +151,26 @@ async def test_an_expiry_writes_the_seeds_last_error_sentence(ledger, unique):
     (row,) = (await ledger.console(run))["resources"]
     assert row["status"] == "expired" and row["lastError"] == "the game ended it at its deadline"
     assert row["word"] == "ended by the game on time" and row["colour"] == "green"
+
+
+# (run status, colour, the seed's line or None: shardbus's own)
+RUN_COLOURS = [("completed", "green", 56), ("running", "blue", None), ("failed", "red", 63),
+               ("scheduled", "grey", None), ("missed", "grey", None), ("cancelled", "grey", None)]
+
+
+@pytest.mark.parametrize("status,colour,line", RUN_COLOURS, ids=[r[0] for r in RUN_COLOURS])
+async def test_every_run_in_ledger_runs_carries_its_colour_and_its_cleanups_word(ledger, unique, status, colour, line):
+    run = f"r{unique}"
+    await ledger.run(run, status)
+    (listed,) = [r for r in (await ledger.ask(subjects.LEDGER_RUNS, status=status))["runs"] if r["runId"] == run]
+    assert listed["colour"] == colour
+    assert (listed["cleanupStatus"], listed["cleanupWord"], listed["cleanupColour"]) == (
+        "pending", "being given back", "blue")
+
+
+async def test_an_incomplete_cleanup_says_it_wants_a_person_in_amber(ledger, db, unique):
+    run = f"r{unique}"
+    await ledger.run(run, "completed")
+    await db.execute("UPDATE runs SET cleanup_status = 'incomplete' WHERE run_id = $1", run)
+    listed = (await ledger.ask(subjects.LEDGER_RUNS, cleanupStatus="incomplete"))["runs"][0]
+    assert (listed["cleanupWord"], listed["cleanupColour"]) == ("wants a person", "amber")

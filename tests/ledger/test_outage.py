@@ -27,7 +27,7 @@ import asyncpg
 import pytest
 from sqlalchemy.engine import make_url
 
-from services.ledger import migrate, store
+from services.ledger import outbox_relay, migrate, store
 from services.ledger.app import UNAVAILABLE, create_app
 from services.ledger.settings import LedgerSettings
 from shardbus import embedded
@@ -70,10 +70,12 @@ async def timed(coro) -> tuple[dict, float]:
 
 
 async def ledger_backends(db: asyncpg.Connection) -> list[int]:
-    """Backend pids of every session on the test's database but the test's own connections."""
+    """Backend pids of the ledger's pool on the test's database (not the test's own connections,
+    not the outbox relay's session)."""
     return [r["pid"] for r in await db.fetch(
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
-        "AND backend_type = 'client backend' AND coalesce(application_name, '') <> 'outage-test'")]
+        "AND backend_type = 'client backend' AND coalesce(application_name, '') NOT IN ('outage-test', $1)",
+        outbox_relay.APPLICATION_NAME)]
 
 
 async def wait_blocked_on_lock(db: asyncpg.Connection, timeout: float = 5.0) -> int:
