@@ -6,7 +6,11 @@
   gateway replica (each holds its own shards), gathered the same way;
 - stream and bucket sizes: the JetStream API's stream list (a key-value bucket is a stream
   named ``KV_<bucket>``);
-- runs whose cleanup is ``incomplete`` (a person's to clear): ``ledger.runs``.
+- runs whose cleanup is ``incomplete`` (a person's to clear): ``ledger.runs``;
+- runs waiting for their shard (their give-backs met no shard or module, and back off without
+  spending attempts; cleanup stays ``pending``): ``ledger.sweep.waiting``;
+- leases still ``confirmed`` after their deadline (the shard should have let go of them):
+  ``ledger.leases.overdue``.
 
 Printed as a table, or as JSON with ``--json`` (the same data). A part that cannot be read
 (e.g. no ledger running) is reported in ``errors`` and the rest is still shown.
@@ -35,6 +39,12 @@ DEFAULT_WAIT_S = 1.0
 
 INCOMPLETE_LIMIT = 100
 """At most this many incomplete runs are listed."""
+
+WAITING_LIMIT = 100
+"""At most this many runs waiting for their shard are listed."""
+
+OVERDUE_LIMIT = 20
+"""At most this many leases past their deadline are listed (all are counted)."""
 
 
 async def scatter_gather(nc: Any, subject: str, payload: bytes, wait_s: float) -> list[dict[str, Any]]:
@@ -114,6 +124,28 @@ async def _incomplete_runs(nc: Any, timeout_s: float) -> list[dict[str, Any]]:
     return list(reply.get("runs") or [])
 
 
+async def _waiting_runs(nc: Any, timeout_s: float) -> list[dict[str, Any]]:
+    from shared import subjects
+
+    msg = await nc.request(subjects.LEDGER_SWEEP_WAITING, json.dumps({"limit": WAITING_LIMIT}).encode(),
+                           timeout=timeout_s)
+    reply = json.loads(msg.data)
+    if reply.get("status") != 200:
+        raise RuntimeError(f"ledger.sweep.waiting answered {reply.get('status')}: {reply.get('error')}")
+    return list(reply.get("runs") or [])
+
+
+async def _overdue_leases(nc: Any, timeout_s: float) -> dict[str, Any]:
+    from shared import subjects
+
+    msg = await nc.request(subjects.LEDGER_LEASES_OVERDUE, json.dumps({"limit": OVERDUE_LIMIT}).encode(),
+                           timeout=timeout_s)
+    reply = json.loads(msg.data)
+    if reply.get("status") != 200:
+        raise RuntimeError(f"ledger.leases.overdue answered {reply.get('status')}: {reply.get('error')}")
+    return {"count": reply.get("count", 0), "resources": list(reply.get("resources") or [])}
+
+
 async def gather(nats_url: str, wait_s: float = DEFAULT_WAIT_S) -> dict[str, Any]:
     """The whole status as one JSON-able dict. Raises ``OSError``/NATS errors only when NATS
     itself cannot be reached; every other failure lands in ``errors``."""
@@ -138,11 +170,13 @@ async def gather(nats_url: str, wait_s: float = DEFAULT_WAIT_S) -> dict[str, Any
             return fallback
 
     try:
-        pings, gateways, (streams, buckets), incomplete = await asyncio.gather(
+        pings, gateways, (streams, buckets), incomplete, waiting, overdue = await asyncio.gather(
             part("replicas", scatter_gather(nc, subjects.PING, b"{}", wait_s), []),
             part("shards", scatter_gather(nc, subjects.GATEWAY_STATUS, b"{}", wait_s), []),
             part("streams", _streams(nc), ([], [])),
             part("incomplete runs", _incomplete_runs(nc, max(wait_s, 2.0)), []),
+            part("waiting runs", _waiting_runs(nc, max(wait_s, 2.0)), []),
+            part("overdue leases", _overdue_leases(nc, max(wait_s, 2.0)), {"count": 0, "resources": []}),
         )
     finally:
         with contextlib.suppress(Exception):  # NATS gone meanwhile: the parts already said so
@@ -155,6 +189,8 @@ async def gather(nats_url: str, wait_s: float = DEFAULT_WAIT_S) -> dict[str, Any
         "streams": streams,
         "buckets": buckets,
         "incompleteRuns": incomplete,
+        "waitingRuns": waiting,
+        "overdueLeases": overdue,
         "errors": errors,
     }
 
@@ -171,6 +207,19 @@ def _ago(ms: Any, now_s: float) -> str:
     if not isinstance(ms, (int, float)):
         return "-"
     return f"{time.strftime('%H:%M:%S', time.gmtime(ms / 1000))}Z ({max(0.0, now_s - ms / 1000):.1f} s ago)"
+
+
+def _due(iso: Any, now_s: float) -> str:
+    """When a waiting run's next give-back is due (``retryAt``, an ISO 8601 time)."""
+    from datetime import datetime
+
+    try:
+        at = datetime.fromisoformat(str(iso)).timestamp()
+    except ValueError:
+        return "-" if iso is None else str(iso)
+    left = at - now_s
+    shown = time.strftime("%H:%M:%S", time.gmtime(at))
+    return f"{shown}Z (in {left:.1f} s)" if left > 0 else f"{shown}Z (due)"
 
 
 def _seconds(value: Any) -> str:
@@ -199,6 +248,15 @@ def render(status: dict[str, Any]) -> str:
     lines += _table(["run", "shard", "event", "status", "ended"],
                     [[r.get("runId"), r.get("shard"), r.get("event"), r.get("status"), r.get("endedAt")]
                      for r in status["incompleteRuns"]])
+    lines += ["", f"RUNS WAITING FOR THEIR SHARD ({len(status['waitingRuns'])}; cleanup pending, no attempt spent)"]
+    lines += _table(["run", "shard", "rows", "next try", "misses in a row"],
+                    [[r.get("runId"), r.get("shard"), r.get("rows"), _due(r.get("retryAt"), now), r.get("away")]
+                     for r in status["waitingRuns"]])
+    overdue = status["overdueLeases"]
+    lines += ["", f"LEASES PAST THEIR DEADLINE, STILL CONFIRMED ({overdue['count']}; the shard should have let go)"]
+    lines += _table(["run", "resource", "module", "kind", "ref", "deadline"],
+                    [[r.get("runId"), r.get("resourceId"), r.get("module"), r.get("kind"), r.get("ref"),
+                      _ago(r.get("leaseDeadline"), now)] for r in overdue["resources"]])
     if status["errors"]:
         lines += ["", "COULD NOT READ"] + [f"  {error}" for error in status["errors"]]
     return "\n".join(lines)
@@ -266,7 +324,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add ``shardbus status`` to the CLI's subcommands."""
     cmd = sub.add_parser("status", help="every service's replicas, connected shards, stream and "
-                                        "bucket sizes, runs whose cleanup is incomplete")
+                                        "bucket sizes, runs whose cleanup is incomplete, runs waiting "
+                                        "for their shard")
     cmd.add_argument("--json", action="store_true", help="print the same as JSON")
     cmd.add_argument("--nats-url", default="",
                      help="default: SHARDBUS_NATS_URL, else the NATS of the shardbus up running for this "

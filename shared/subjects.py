@@ -144,7 +144,10 @@ LEDGER_CONSOLE = "ledger.console"
 """Request: the run console (run, resources, counts by status, unresolved)."""
 
 LEDGER_RUNS = "ledger.runs"
-"""Request: runs by status and cleanup status."""
+"""Request: a page of runs by status, cleanup status, shard and schedule window."""
+
+LEDGER_LEASES_OVERDUE = "ledger.leases.overdue"
+"""Request: leases (and other rows) whose leaseDeadline passed while still ``confirmed``."""
 
 LEDGER_LIVE = "ledger.live"
 """Request: a module's live (pending, confirmed) rows."""
@@ -174,13 +177,16 @@ LEDGER_SWEEP_FAILED = "ledger.sweep.failed"
 """Request: a give-back failed (back to the previous status, attempts + 1)."""
 
 LEDGER_SWEEP_OUTCOMES = "ledger.sweep.outcomes"
-"""Request: a batch of give-back outcomes (reverted, drifted, failed, transient) in one commit."""
+"""Request: a batch of give-back outcomes (reverted, drifted, failed, transient, away) in one commit."""
 
 LEDGER_SWEEP_FINISH = "ledger.sweep.finish"
 """Request: end a run's sweep (cleanup.swept; cleanup status decided)."""
 
 LEDGER_SWEEP_RETRY = "ledger.sweep.retry"
 """Request: a person retries an incomplete run's cleanup."""
+
+LEDGER_SWEEP_WAITING = "ledger.sweep.waiting"
+"""Request: runs waiting for their shard (rows whose last give-back met nobody, backing off)."""
 
 LEDGER_EXPIRED_PATTERN = "ledger.expired.{module}"
 """Subscription pattern of expiries; the module is the subject's last token."""

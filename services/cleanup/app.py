@@ -65,7 +65,8 @@ def create_app(settings: CleanupSettings | None = None) -> FastStream:
                 max_attempts=settings.max_attempts, batch_size=settings.sweep_batch_size,
                 runs_per_batch=settings.sweep_runs_per_batch, runs_in_flight=settings.sweep_runs_in_flight,
                 give_back_concurrency=settings.give_back_concurrency,
-                claim_timeout_s=settings.claim_timeout_s, command_timeout_s=settings.command_timeout_s))
+                claim_timeout_s=settings.claim_timeout_s, command_timeout_s=settings.command_timeout_s,
+                away_backoff_s=settings.away_backoff_s, away_backoff_max_s=settings.away_backoff_max_s))
             built["reconciler"] = Reconciler(port, ledger, built["sweeper"].shard_of, settings.command_timeout_s)
         return built["sweeper"]
 

@@ -1,11 +1,42 @@
 """What an answer to a give-back means for the row (SPEC section 4, step 3).
 
-A give-back ends in one of four verdicts: the thing is back (``reverted``), somebody else
+A give-back ends in one of five verdicts: the thing is back (``reverted``), somebody else
 changed it on purpose (``drifted``), it cannot be given back by the sweep (``failed``, with a
-reason a person can act on), or the shard could not take it right now (``transient``: the
-row goes back to its previous status with one more attempt). Anything the shard or a module
-answers that is not one of the documented answers is ``failed`` with a reason that quotes it,
-so a garbage answer never crashes a sweep and never passes for success.
+reason a person can act on), the shard or module answered "not now" (``transient``: the row
+goes back to its previous status with one more attempt), or nobody answered at all (``away``:
+the row goes back to its previous status *without* spending an attempt, and is not claimed
+again until its back-off passes). Anything the shard or a module answers that is not one of
+the documented answers is ``failed`` with a reason that quotes it, so a garbage answer never
+crashes a sweep and never passes for success.
+
+Which is which — an attempt is spent only on an answer that came from the shard or the module
+itself:
+
+========================================================  =============  ===================
+what came back                                            verdict        attempt spent
+========================================================  =============  ===================
+NATS "no responders": no gateway holds the shard, or no   ``away``       no
+module subscribes to ``modules.<module>.revert``
+no answer within the command timeout (NATS timeout), or   ``away``       no
+NATS itself unreachable
+the gateway's own 503 (``{"status":503,"error":…}``: the  ``away``       no
+shard is not connected to it any more, or disconnected
+before answering) — the shard never got or never
+answered the command
+the gateway's own 504 (``{"status":504,"error":…}``: the  ``away``       no
+shard did not answer within the gateway's command
+timeout)
+the shard's 425 (``bridge.busy``: the same idempotency    ``transient``  yes
+key is still in flight) or 429 (rate limited)
+a module's 503, 504, 425 or 429 (the module itself        ``transient``  yes
+answered "not now")
+any other non-200 answer, or a 200 that is not one of     ``failed``     yes (and the row
+the documented answers                                                   wants a person)
+========================================================  =============  ===================
+
+A gateway's command reply never carries 503 or 504 for a shard's answer (the shard's answers
+map to 200, 400, 403, 404, 409, 425 and 429: services/gateway/reply_mapping.py), so on the
+command plane a 503 or a 504 is always the gateway saying the shard was not there to answer.
 """
 
 from __future__ import annotations
@@ -23,6 +54,7 @@ class Verdict(StrEnum):
     DRIFTED = "drifted"
     FAILED = "failed"
     TRANSIENT = "transient"
+    AWAY = "away"
 
 
 @dataclass(frozen=True)
@@ -35,6 +67,10 @@ class Outcome:
 
 TRANSIENT_STATUSES = frozenset({503, 504, 425, 429})
 """Statuses that mean "not now": no shard connected, no answer in time, busy, rate limited."""
+
+GATEWAY_AWAY_STATUSES = frozenset({503, 504})
+"""The gateway's own answers to a command the shard never got or never answered (no shard
+connected, or it disconnected before answering; no answer in time): ``away``, not an attempt."""
 
 GIVEN_BACK = frozenset({"removed", "gone"})
 """A module revert's results that count as given back (``gone``: it was already absent)."""
@@ -77,7 +113,7 @@ def _payload(what: str, reply: Any, *, in_body: bool) -> tuple[dict[str, Any] | 
     if not isinstance(status, int) or isinstance(status, bool):
         return None, Outcome(Verdict.FAILED, f"{what} answered without an integer status: {preview(reply)}")
     if status != 200:
-        return None, _not_ok(what, status, reply)
+        return None, _not_ok(what, status, reply, from_gateway=in_body)
     if not in_body:
         return reply, None
     body = reply.get("body")
@@ -86,13 +122,16 @@ def _payload(what: str, reply: Any, *, in_body: bool) -> tuple[dict[str, Any] | 
     return body, None
 
 
-def _not_ok(what: str, status: int, reply: dict[str, Any]) -> Outcome:
-    """The outcome of a non-200 answer."""
+def _not_ok(what: str, status: int, reply: dict[str, Any], *, from_gateway: bool) -> Outcome:
+    """The outcome of a non-200 answer (``from_gateway``: a command's reply through the
+    gateway, whose 503 and 504 say the shard was not there to answer)."""
     detail = reply.get("error")
     body = reply.get("body")
     if not detail and isinstance(body, dict):
         detail = body.get("reason") or body.get("error")
     detail = str(detail) if detail else preview(reply)
+    if from_gateway and status in GATEWAY_AWAY_STATUSES:
+        return Outcome(Verdict.AWAY, f"{what} answered {status}: {detail}")
     if status in TRANSIENT_STATUSES:
         return Outcome(Verdict.TRANSIENT, f"{what} answered {status}: {detail}")
     hint = _STATUS_HINTS.get(status, "an answer the sweep cannot act on")
@@ -194,16 +233,18 @@ def module_answer(module: str, reply: Any) -> Outcome:
 
 
 def no_gateway(shard: str) -> Outcome:
-    """Nobody answers the shard's command subject: no gateway is running at all (like a 503)."""
-    return Outcome(Verdict.TRANSIENT, f"no gateway answers for shard {shard!r} (503): is the gateway running?")
+    """Nobody answers the shard's command subject: no gateway holds the shard (like a 503)."""
+    return Outcome(Verdict.AWAY, f"no gateway holds shard {shard!r} (503): the shard is not connected, or no "
+                                 "gateway is running")
 
 
 def no_answer(what: str, timeout_s: float) -> Outcome:
-    """No answer in time: like a 504, try again later."""
-    return Outcome(Verdict.TRANSIENT, f"{what} did not answer within {timeout_s:g} s (504)")
+    """No answer in time (or NATS unreachable): like a 504, try again after a back-off."""
+    return Outcome(Verdict.AWAY, f"{what} did not answer within {timeout_s:g} s (504)")
 
 
 def no_module(module: str, subject: str) -> Outcome:
-    """No module answers its revert subject: the sweep cannot give such rows back."""
-    return Outcome(Verdict.FAILED, f"nothing answers {subject}: module {module!r} is not running or does not "
-                                   "implement revert; start it, then retry the run's cleanup")
+    """No module answers its revert subject: nobody to give such rows back to now; the sweep
+    tries again after a back-off, without spending an attempt."""
+    return Outcome(Verdict.AWAY, f"nothing answers {subject}: module {module!r} is not running or does not "
+                                 "implement revert; start it, and the sweep gives its rows back")

@@ -82,11 +82,15 @@ class LedgerClient:
             more = len(rows) >= limit
         return rows, shard or "", more
 
-    async def outcomes(self, outcomes: list[dict[str, Any]]) -> dict[str, Any]:
-        """Record give-back outcomes (``resourceId``, ``verdict``, ``error``) in one request;
-        the reply says which were ``recorded``, which were ``conflicts`` and which ``missing``."""
+    async def outcomes(self, outcomes: list[dict[str, Any]], away_backoff_s: float = 2.0,
+                       away_backoff_max_s: float = 60.0) -> dict[str, Any]:
+        """Record give-back outcomes (``resourceId``, ``verdict``, ``error``) in one request, with
+        the back-off of rows whose give-back met nobody (``away``: the first wait, doubled per
+        miss in a row up to the cap); the reply says which were ``recorded``, which were
+        ``conflicts`` and which ``missing``."""
         cut = [{**o, "error": o["error"][:ERROR_MAX]} if o.get("error") is not None else o for o in outcomes]
-        return await self.call(subjects.LEDGER_SWEEP_OUTCOMES, {"outcomes": cut})
+        return await self.call(subjects.LEDGER_SWEEP_OUTCOMES, {"outcomes": cut, "awayBackoffS": away_backoff_s,
+                                                                "awayBackoffMaxS": away_backoff_max_s})
 
     async def finish(self, run_id: str, max_attempts: int, summary: dict[str, Any]) -> dict[str, Any]:
         reply = await self.call(subjects.LEDGER_SWEEP_FINISH, {"runId": run_id, "maxAttempts": max_attempts,

@@ -37,6 +37,15 @@ class CleanupSettings(CommonSettings):
     command_timeout_s: float = Field(
         default=15.0, gt=0, description="How long a give-back or reconcile command to the shard or a module may take."
     )
+    away_backoff_s: float = Field(
+        default=2.0, ge=0.01, le=86_400,
+        description="Seconds a row waits after a give-back met no shard or module (no responders, no answer in "
+        "time; no attempt spent), doubled each time in a row, up to the cap.",
+    )
+    away_backoff_max_s: float = Field(
+        default=60.0, ge=0.01, le=86_400,
+        description="The longest a row waits after give-backs in a row met no shard or module (the back-off's cap).",
+    )
     ledger_timeout_s: float = Field(default=10.0, gt=0, description="How long a request to the ledger may take.")
     reconcile_modules: str = Field(
         default="",
@@ -52,6 +61,15 @@ class CleanupSettings(CommonSettings):
             raise ValueError(
                 f"claim_timeout_s ({self.claim_timeout_s}) must be longer than command_timeout_s "
                 f"({self.command_timeout_s}), or a slow give-back is claimed again while in flight"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _cap_not_below_base(self) -> "CleanupSettings":
+        if self.away_backoff_max_s < self.away_backoff_s:
+            raise ValueError(
+                f"away_backoff_max_s ({self.away_backoff_max_s}) must not be less than away_backoff_s "
+                f"({self.away_backoff_s})"
             )
         return self
 

@@ -6,9 +6,12 @@
 3. Finish each run: the ledger writes ``cleanup.swept`` with this sweep's summary and
    decides the run's cleanup status from what is left.
 
-Each row gets at most one attempt per sweep: a run whose batch met a transient failure is
-left for the next sweep (the shard is probably away), and a row whose outcome is recorded
-is no longer claimable. Several replicas may sweep at once: the ledger's claim hands each
+Each row gets at most one attempt per sweep: a run whose batch met a transient failure or
+nobody at all (``away``) is left for the next sweep, and a row whose outcome is recorded is
+no longer claimable. An ``away`` outcome spends no attempt: the ledger keeps the row from
+being claimed until its back-off passes (``SHARDBUS_AWAY_BACKOFF_S``, doubled per miss in a
+row, capped at ``SHARDBUS_AWAY_BACKOFF_MAX_S``), so a shard that is away for an hour leaves its
+runs ``pending``, not ``incomplete``. Several replicas may sweep at once: the ledger's claim hands each
 row to one of them, and the idempotency key makes even a reclaimed row (its sweeper died
 mid-revert) a replay at the shard, not a second execution.
 """
@@ -54,6 +57,8 @@ class Limits:
     give_back_concurrency: int = 32
     claim_timeout_s: float = 120.0
     command_timeout_s: float = 15.0
+    away_backoff_s: float = 2.0
+    away_backoff_max_s: float = 60.0
 
 
 @dataclass
@@ -66,6 +71,7 @@ class RunReport:
     drifted: int = 0
     failed: int = 0
     transient: int = 0
+    away: int = 0
     lost_races: int = 0
     deferred: int = 0
     failures: list[dict[str, Any]] = field(default_factory=list)
@@ -83,7 +89,8 @@ class RunReport:
     def summary(self) -> dict[str, Any]:
         """The ``cleanup.swept`` summary the ledger writes to the run log."""
         return {"claimed": self.claimed, "reverted": self.reverted, "drifted": self.drifted,
-                "failed": self.failed, "transient": self.transient, "lostRaces": self.lost_races,
+                "failed": self.failed, "transient": self.transient, "away": self.away,
+                "lostRaces": self.lost_races,
                 "deferred": self.deferred, "failures": self.failures}
 
     def to_dict(self) -> dict[str, Any]:
@@ -107,7 +114,8 @@ class SweepReport:
     def to_dict(self) -> dict[str, Any]:
         """The totals (and failing runs) as a reply's fields."""
         totals = {name: sum(getattr(r, name) for r in self.runs)
-                  for name in ("claimed", "reverted", "drifted", "failed", "transient", "lost_races", "deferred")}
+                  for name in ("claimed", "reverted", "drifted", "failed", "transient", "away", "lost_races",
+                               "deferred")}
         out: dict[str, Any] = {"settled": self.settled, "runs": len(self.runs),
                                **{_camel(k): v for k, v in totals.items()},
                                "runErrors": [{"runId": r.run_id, "error": r.error} for r in self.runs if r.error],
@@ -139,7 +147,7 @@ class Sweeper:
             seen: set[str] = set()
             left_pending: set[str] = set()
             while True:
-                # A run swept this time that is still pending (a transient failure) stays a
+                # A run swept this time that is still pending (a transient failure) may stay a
                 # candidate; skip it, and ask for that many more so the batch is all new runs.
                 pool = CANDIDATE_POOL * self.limits.runs_per_batch + len(left_pending)
                 runs = await self.ledger.candidates(self.limits.max_attempts, min(MAX_LIMIT, pool))
@@ -190,7 +198,7 @@ class Sweeper:
                 handled.update(_row_id(row) for row in rows)
                 given = await asyncio.gather(*(self._give_back(row, shard, start_by) for row in rows))
                 await self._record(list(given), report)
-                if report.transient or not more or not fresh:
+                if report.transient or report.away or not more or not fresh:
                     break
             run = await self.ledger.finish(run_id, self.limits.max_attempts, report.summary())
             report.cleanup_status = run.get("cleanupStatus")
@@ -257,7 +265,8 @@ class Sweeper:
                  if isinstance(resource_id, int) and outcome is not None]
         if not given:
             return
-        reply = await self.ledger.outcomes([_wire(resource_id, outcome) for resource_id, outcome in given])
+        reply = await self.ledger.outcomes([_wire(resource_id, outcome) for resource_id, outcome in given],
+                                           self.limits.away_backoff_s, self.limits.away_backoff_max_s)
         recorded = set(reply.get("recorded") or [])
         # A conflict: another sweeper reclaimed the row after our claim timed out and
         # recorded it first; the shard answered both of us from one execution.
@@ -274,7 +283,7 @@ def _wire(resource_id: int, outcome: Outcome) -> dict[str, Any]:
     """One outcome as the ledger takes it (a failure always says why; a give-back that
     worked records no error)."""
     out: dict[str, Any] = {"resourceId": resource_id, "verdict": outcome.verdict.value}
-    if outcome.verdict in (Verdict.FAILED, Verdict.TRANSIENT):
+    if outcome.verdict in (Verdict.FAILED, Verdict.TRANSIENT, Verdict.AWAY):
         out["error"] = storable(outcome.reason or f"{outcome.verdict.value} without a reason")
     elif outcome.verdict is Verdict.DRIFTED and outcome.reason:
         out["error"] = storable(outcome.reason)

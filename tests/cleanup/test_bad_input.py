@@ -65,7 +65,8 @@ async def test_broken_answers_become_failed_rows_with_reasons_and_other_runs_go_
 
     sweep = await ok(nc, subjects.CLEANUP_SWEEP, {}, timeout=30)
 
-    assert sweep["reverted"] == 2 and sweep["failed"] == 5
+    # The silent module's row met nobody: away (no attempt spent), not failed.
+    assert sweep["reverted"] == 2 and sweep["failed"] == 4 and sweep["away"] == 1
     rows = {row["ref"]: row for row in (await ledger.console(bad))["resources"]}
     reasons = {ref: row["lastError"] for ref, row in rows.items() if row["status"] != "reverted"}
     assert rows[fine]["status"] == "reverted"
@@ -74,7 +75,9 @@ async def test_broken_answers_become_failed_rows_with_reasons_and_other_runs_go_
     assert f"nothing answers modules.{silent_module}.revert" in reasons["north-field"]
     assert "502 Bad Gateway" in reasons["south-field"]
     assert "lacks 'baseline'" in reasons["PlayerCaps.SkillCap"] and "by hand" in reasons["PlayerCaps.SkillCap"]
-    assert (await ledger.console(bad))["run"]["cleanupStatus"] == "incomplete"
+    # Its silent module's row still waits for the module: the run's cleanup stays pending.
+    assert rows["north-field"]["attempts"] == 0 and rows["north-field"]["status"] == "confirmed"
+    assert (await ledger.console(bad))["run"]["cleanupStatus"] == "pending"
     good_console = await ledger.console(good)
     assert good_console["run"]["cleanupStatus"] == "complete"
     assert good_console["counts"]["reverted"] == 1

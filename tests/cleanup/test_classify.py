@@ -7,7 +7,7 @@ import pytest
 from services.cleanup import classify
 from services.cleanup.classify import Verdict
 
-R, D, F, T = Verdict.REVERTED, Verdict.DRIFTED, Verdict.FAILED, Verdict.TRANSIENT
+R, D, F, T, A = Verdict.REVERTED, Verdict.DRIFTED, Verdict.FAILED, Verdict.TRANSIENT, Verdict.AWAY
 
 SERIAL = "0x40000001"
 """The row's serial every despawn answer below is read for."""
@@ -34,8 +34,13 @@ DESPAWN = [
     ("the old dialect's result", {"status": 200, "body": {"kind": "world.despawn", "result": "removed"}},
      F, 'kind "world.despawn"'),
     ("no kind", {"status": 200, "body": {"removed": [SERIAL]}}, F, "with no 'kind'"),
-    ("no shard connected", {"status": 503, "error": "shard uo1 is not connected"}, T, "not connected"),
-    ("no answer in time", {"status": 504, "error": "the shard did not answer"}, T, "504"),
+    # The gateway's own 503 and 504: the shard never got or never answered it (no attempt spent).
+    ("no shard connected", {"status": 503, "error": "shard uo1 is not connected here any more; try again"},
+     A, "not connected"),
+    ("disconnected before answering",
+     {"status": 503, "error": "shard uo1 disconnected (connection lost) before answering"}, A, "disconnected"),
+    ("no answer in time", {"status": 504, "error": "shard uo1 did not answer world.despawn within 5.0 s"}, A, "504"),
+    # The shard's own "not now": an attempt spent.
     ("bridge busy", {"status": 425, "body": {"kind": "bridge.busy"}}, T, "425"),
     ("rate limited", {"status": 429, "body": {"kind": "oneshot.error", "reason": "too soon"}}, T, "too soon"),
     ("protocol gate", {"status": 409, "error": "shard speaks protocol 6"}, F, "deployment fault"),
@@ -71,6 +76,9 @@ RELEASE = [
      {"status": 404, "body": {"kind": "lease.error", "reason": "no lease is offered for key 'Loot.MaxProps'"}},
      F, "no lease is offered for key 'Loot.MaxProps'"),
     ("busy", {"status": 425, "body": {"kind": "bridge.busy"}}, T, "425"),
+    ("no shard connected", {"status": 503, "error": "shard uo1 is not connected here any more; try again"},
+     A, "503"),
+    ("no answer in time", {"status": 504, "error": "shard uo1 did not answer lease.release within 5.0 s"}, A, "504"),
     ("no kind", {"status": 200, "body": {"key": "PlayerCaps.SkillCap"}}, F, "has no 'kind'"),
     ("the old dialect's kind", {"status": 200, "body": {"kind": "lease.released"}}, F, 'unknown kind "lease.released"'),
     ("garbage", b"\xff\xfe".decode("utf-8", "replace"), F, "not a JSON object"),
@@ -81,7 +89,10 @@ MODULE = [
     ("gone", {"status": 200, "result": "gone"}, R, ""),
     ("drifted", {"status": 200, "result": "drifted", "reason": "zone redrawn by staff"}, D, "zone redrawn"),
     ("refused", {"status": 200, "result": "refused", "reason": "not ours"}, F, "not ours"),
+    # A module's own 503, 504, 425 or 429 is its answer, not its absence: an attempt spent.
     ("module busy", {"status": 503, "error": "module restarting"}, T, "module restarting"),
+    ("module slow", {"status": 504, "error": "the zone service did not answer"}, T, "504"),
+    ("module rate limited", {"status": 429, "error": "too many reverts"}, T, "429"),
     ("module error", {"status": 500, "error": "internal error"}, F, "500"),
     ("no result", {"status": 200}, F, "has no 'result'"),
     ("garbage", None, F, "not a JSON object"),
@@ -114,10 +125,11 @@ def test_a_failure_reason_says_what_to_do_not_only_what_happened():
     assert "check who owns it" in classify.despawn_answer(_despawned(refused=[SERIAL]), SERIAL).reason
 
 
-def test_transport_failures_are_transient_except_a_module_nobody_runs():
-    assert classify.no_gateway("uo1").verdict is T
-    assert classify.no_answer("world.despawn", 2).verdict is T
-    assert classify.no_module("arena", "modules.arena.revert").verdict is F
+def test_nobody_answering_is_away_for_a_shard_and_a_module_alike():
+    assert classify.no_gateway("uo1").verdict is A
+    assert classify.no_answer("world.despawn", 2).verdict is A
+    assert classify.no_answer("module 'arena' revert", 2).verdict is A
+    assert classify.no_module("arena", "modules.arena.revert").verdict is A
 
 
 def test_an_unexpected_answer_is_quoted_so_a_person_sees_what_the_shard_said():

@@ -7,7 +7,7 @@ from __future__ import annotations
 from services.cleanup import giveback
 from services.cleanup.classify import Verdict
 from services.cleanup.port import NatsPort
-from tests.cleanup.conftest import Shard
+from tests.cleanup.conftest import Shard, connect_shard
 
 TIMEOUT_S = 5.0
 
@@ -120,23 +120,36 @@ async def test_a_lease_without_baseline_never_reaches_the_shard(shard, nc):
     assert shard.sim.executed["lease.release"] == 0
 
 
-async def test_a_shard_no_gateway_holds_is_transient_like_a_503(shard, nc, unique):
+async def test_a_shard_no_gateway_holds_is_away_like_a_503(shard, nc, unique):
     outcome = await giveback.give_back(NatsPort(nc), _row("run-a", 1, "creature", "0x1"), f"away{unique}", TIMEOUT_S)
-    assert outcome.verdict is Verdict.TRANSIENT
+    assert outcome.verdict is Verdict.AWAY
     assert "503" in outcome.reason and f"away{unique}" in outcome.reason
 
 
-async def test_a_shard_that_does_not_answer_in_time_is_transient(shard, nc):
+async def test_a_shard_that_does_not_answer_in_time_is_away(shard, nc):
     (ref,) = await _spawn(shard, "run-a", 1)
     shard.sim.mute.add("world.despawn")
     outcome = await giveback.give_back(NatsPort(nc), _row("run-a", 1, "creature", ref), shard.id, 1.0)
-    assert outcome.verdict is Verdict.TRANSIENT and "504" in outcome.reason
+    assert outcome.verdict is Verdict.AWAY and "504" in outcome.reason
 
 
-async def test_a_module_kind_without_a_responder_fails_with_what_to_do(nc, unique):
+async def test_the_gateways_own_504_is_away(nc, services, unique):
+    # The gateway gives the shard 0.5 s; the give-back waits longer, so the 504 is the gateway's.
+    shard = await connect_shard(nc, services, f"g{unique}", command_timeout_s="0.5")
+    try:
+        (ref,) = await _spawn(shard, "run-a", 1)
+        shard.sim.mute.add("world.despawn")
+        outcome = await giveback.give_back(NatsPort(nc), _row("run-a", 1, "creature", ref), shard.id, TIMEOUT_S)
+        assert outcome.verdict is Verdict.AWAY
+        assert "world.despawn answered 504" in outcome.reason and "did not answer world.despawn" in outcome.reason
+    finally:
+        await shard.sim.close()
+
+
+async def test_a_module_kind_without_a_responder_is_away_with_what_to_do(nc, unique):
     outcome = await giveback.give_back(NatsPort(nc), _row("run-a", 1, "zone", "arena-north", module=f"m{unique}"),
                                        "uo1", TIMEOUT_S)
-    assert outcome.verdict is Verdict.FAILED
+    assert outcome.verdict is Verdict.AWAY
     assert f"modules.m{unique}.revert" in outcome.reason and "start it" in outcome.reason
 
 

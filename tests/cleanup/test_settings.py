@@ -24,3 +24,19 @@ def test_three_attempts_by_default_and_every_bound_is_configurable(monkeypatch):
 def test_a_claim_timeout_not_longer_than_the_command_timeout_is_refused():
     with pytest.raises(ValidationError, match="claim_timeout_s .* must be longer than command_timeout_s"):
         CleanupSettings(claim_timeout_s=5, command_timeout_s=5)
+
+
+def test_the_away_back_off_defaults_to_2_s_doubling_up_to_60_s_and_is_configurable(monkeypatch):
+    settings = CleanupSettings()
+    assert (settings.away_backoff_s, settings.away_backoff_max_s) == (2.0, 60.0)
+    monkeypatch.setenv("SHARDBUS_AWAY_BACKOFF_S", "0.5")
+    monkeypatch.setenv("SHARDBUS_AWAY_BACKOFF_MAX_S", "30")
+    settings = CleanupSettings()
+    assert (settings.away_backoff_s, settings.away_backoff_max_s) == (0.5, 30.0)
+
+
+@pytest.mark.parametrize("values", [{"away_backoff_s": 0}, {"away_backoff_max_s": 100_000},
+                                    {"away_backoff_s": 10, "away_backoff_max_s": 5}])
+def test_an_away_back_off_the_ledger_would_refuse_is_refused_at_start(values):
+    with pytest.raises(ValidationError, match="away_backoff"):
+        CleanupSettings(**values)

@@ -1,7 +1,7 @@
 """``shardbus status`` against real servers and real service processes: replicas counted
 through ``shardbus.ping`` (two ledgers are two, the web door among the services), a connected
-shard with its last line, stream and bucket sizes, and a run whose cleanup is incomplete; the
-table and ``--json``; and where it takes its NATS address from (``--nats-url``,
+shard with its last line, stream and bucket sizes, a run whose cleanup is incomplete and a run
+waiting for its shard; the table and ``--json``; and where it takes its NATS address from (``--nats-url``,
 ``SHARDBUS_NATS_URL``, the env file of the ``shardbus up`` running for the directory, the
 default), never silently, refusing when the env file's stack is not running.
 
@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -132,6 +133,55 @@ async def test_status_counts_replicas_and_shows_shards_streams_and_incomplete_ru
     finally:
         for sim in sims:
             await sim.close()
+        await nc.close()
+        services.stop_all()
+
+
+async def test_status_shows_a_run_waiting_for_its_shard_and_a_lease_past_its_deadline(own_nats, database_url,
+                                                                                      tmp_path):
+    """A finished run whose shard no gateway holds: the sweep's give-back meets nobody, spends
+    no attempt, and ``shardbus status`` lists the run as waiting for its shard (not incomplete).
+    A running run's lease still confirmed an hour after its deadline is listed too."""
+    services = ServiceProcesses(tmp_path, own_nats)
+    nc = await nats.connect(own_nats, connect_timeout=5, max_reconnect_attempts=1)
+    try:
+        services.start("ledger", database_url=database_url)
+        await asyncio.to_thread(services.start, "cleanup", sweep_period_s="3600", reconcile_period_s="3600",
+                                away_backoff_s="600", away_backoff_max_s="600")
+        run_id = (await ask(nc, subjects.LEDGER_RUN_CREATE, {"shard": "uow", "event": "storm"}))["run"]["runId"]
+        for ref in ("c1", "c2"):
+            await ask(nc, subjects.LEDGER_RESOURCE_RECORD, {"runId": run_id, "module": "events", "kind": "creature",
+                                                            "ref": ref, "idempotencyKey": ref})
+        for step in ("running", "completed"):
+            await ask(nc, subjects.LEDGER_RUN_STATUS, {"runId": run_id, "status": step})
+        swept = json.loads((await nc.request(subjects.CLEANUP_SWEEP, b"{}", timeout=30)).data)
+        assert (swept["away"], swept["failed"], swept["transient"]) == (2, 0, 0), swept
+        leasing = (await ask(nc, subjects.LEDGER_RUN_CREATE, {"shard": "uol", "event": "fair"}))["run"]["runId"]
+        await ask(nc, subjects.LEDGER_RUN_STATUS, {"runId": leasing, "status": "running"})
+        lease = (await ask(nc, subjects.LEDGER_RESOURCE_RECORD, {
+            "runId": leasing, "module": "events", "kind": "lease", "ref": "spawn.rate", "idempotencyKey": "l1",
+            "leaseDeadline": int((time.time() - 3600) * 1000)}))["resource"]
+
+        done = await asyncio.to_thread(status, own_nats, "--json", "--wait", "0.3")
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        assert report["errors"] == []
+        assert report["incompleteRuns"] == []
+        (waiting,) = report["waitingRuns"]
+        assert {k: waiting[k] for k in ("runId", "shard", "rows", "away")} == {
+            "runId": run_id, "shard": "uow", "rows": 2, "away": 1}
+        assert waiting["retryAt"]
+        assert report["overdueLeases"]["count"] == 1
+        assert [r["resourceId"] for r in report["overdueLeases"]["resources"]] == [lease["resourceId"]]
+
+        table = (await asyncio.to_thread(status, own_nats, "--wait", "0.3")).stdout
+        assert "RUNS WAITING FOR THEIR SHARD (1; cleanup pending, no attempt spent)" in table
+        assert "LEASES PAST THEIR DEADLINE, STILL CONFIRMED (1; the shard should have let go)" in table
+        assert [line for line in table.splitlines() if line.startswith(leasing)][0].split()[2:5] == [
+            "events", "lease", "spawn.rate"]
+        (line,) = [line for line in table.splitlines() if line.startswith(run_id)]
+        assert line.split()[1:3] == ["uow", "2"] and "(in " in line and line.split()[-1] == "1"
+    finally:
         await nc.close()
         services.stop_all()
 
