@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 LOCAL_NATS_URL ?= nats://127.0.0.1:4222
 LOCAL_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
-.PHONY: up test test-local-servers test-faults bench soak docs clean
+.PHONY: up test test-local-servers test-faults bench soak docs clean browser
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,12 +37,21 @@ up: $(STAMP)
 # state directory that does not exist.
 NO_STACK := SHARDBUS_STATE_DIR=$(CURDIR)/.shardbus-not-for-tests
 
+# The console's browser tests (tests/web/test_console_*.py) drive Debian's Chromium; this
+# installs it when it is missing (root: apt-get), and fails when it cannot: a missing browser is
+# a failed suite, never a skipped test.
+CHROMIUM ?= /usr/bin/chromium
+browser:
+	@test -x $(CHROMIUM) || { echo "== installing Debian's chromium (the console's browser tests)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@test -x $(CHROMIUM) || { echo "no Chromium at $(CHROMIUM): apt-get install chromium" >&2; exit 1; }
+
 # The fault suite (tests/faults, marked `faults`) runs on its own: make test-faults.
-test: $(STAMP)
+test: $(STAMP) browser
 	$(NO_STACK) $(PY) -m pytest -m "not faults"
 
 # The same suite against already-running servers (CI: the machine's NATS and PostgreSQL).
-test-local-servers: $(STAMP)
+test-local-servers: $(STAMP) browser
 	$(NO_STACK) SHARDBUS_TEST_NATS_URL=$(LOCAL_NATS_URL) SHARDBUS_TEST_DATABASE_URL=$(LOCAL_DATABASE_URL) \
 		$(PY) -m pytest -m "not faults"
 

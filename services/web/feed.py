@@ -182,6 +182,12 @@ async def feed_events(request: Request) -> Response:
     token, query = _take_token(request.scope)
     _caller(app, request.headers.get("authorization"), token)
     wanted, since = _wanted(app, query, request.headers.get("last-event-id"))
+    return await open_event_stream(app, wanted, since)
+
+
+async def open_event_stream(app: Any, wanted: Any, since: int | None) -> "EventStream":
+    """An SSE client admitted to the hub and opened at ``since``, or a 503 saying why not
+    (the door is full, or the feed's stream is away). Also the console's feed."""
     hub = feed_hub(app)
     try:
         client = hub.admit("sse")

@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.web import feed, installer_routes, ledger_routes, sidecar_routes
+from services.web import console_actions, console_routes, feed, installer_routes, ledger_routes, sidecar_routes
 from services.web.auth import Tokens
 from services.web.relay import error
 from services.web.settings import WebSettings
@@ -76,5 +76,8 @@ def build_http_app(settings: WebSettings, nc: Any = None) -> FastAPI:
     # The sidecar's routes first: the drop-in path is the hot one, and routes match in order.
     sidecar_routes.register(app.router)
     for router in (ledger_routes.router, installer_routes.router, feed.router):
+        app.include_router(router)
+    # The operator's console (docs/console.md): HTML pages behind a session cookie.
+    for router in (console_routes.router, console_actions.router):
         app.include_router(router)
     return app

@@ -1,0 +1,207 @@
+"""The operator's console's pages (docs/console.md): the login, runs, a run, the calendar,
+shards, boards and the site's module, each server-rendered; ``?fragment=1`` renders only the
+page's live region, which console.js re-fetches when the feed (or a timer) says it changed.
+A page without a session goes to the login page. Not in the OpenAPI document."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import parse_qsl, urlencode
+
+from fastapi import APIRouter, Request
+from fastapi.responses import RedirectResponse, Response
+
+from services.web import (console_auth, console_boards, console_leases, console_pages, console_run, console_runs,
+                          console_shards)
+from services.web.console_nats import ask
+from services.web.console_pages import render
+from services.web.console_words import CLEANUP, RUN
+from shared import subjects
+
+router = APIRouter(include_in_schema=False)
+
+LOGIN_FAILURE_DELAY_S = 0.5
+"""A refused token is answered after this long (guessing is slow)."""
+
+STATIC = Path(__file__).with_name("console_static")
+_STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
+_STATIC_FILES = {p.name: (p.read_bytes(), _STATIC_TYPES[p.suffix]) for p in STATIC.iterdir()
+                 if p.suffix in _STATIC_TYPES}
+
+
+def _page(request: Request) -> Response | None:
+    """None when the request has a session (kept in ``request.state``); else the way to log in."""
+    console_pages.started(request)
+    nonce = console_auth.session(request)
+    if nonce is None:
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return RedirectResponse("/console/login?" + urlencode({"next": target}), status_code=303,
+                                headers=console_pages.SECURITY_HEADERS)
+    request.state.console_nonce = nonce
+    return None
+
+
+def _next(value: str | None) -> str:
+    """Where to go after logging in: a console path only (never another site)."""
+    if (value and re.fullmatch(r"/console(/[A-Za-z0-9_\-./]*)?(\?[A-Za-z0-9_\-.=&%:+]*)?", value)
+            and "//" not in value and ".." not in value):
+        return value
+    return "/console/runs"
+
+
+# --- login -----------------------------------------------------------------------------
+
+@router.get("/console")
+async def console_home() -> Response:
+    return RedirectResponse("/console/runs", status_code=303)
+
+
+@router.get("/console/login")
+async def login_page(request: Request, next: str | None = None) -> Response:  # noqa: A002
+    if console_auth.session(request) is not None:
+        return RedirectResponse(_next(next), status_code=303)
+    return render(request, "login.html", next=_next(next), error=None)
+
+
+@router.post("/console/login")
+async def login(request: Request) -> Response:
+    form = await _form(request)
+    refused = console_auth.check_token(request, form.get("token", ""))
+    target = _next(form.get("next"))
+    if refused is not None:
+        await asyncio.sleep(LOGIN_FAILURE_DELAY_S)
+        return render(request, "login.html", status=401, next=target, error=refused)
+    response = RedirectResponse(target, status_code=303, headers=console_pages.SECURITY_HEADERS)
+    response.set_cookie(console_auth.COOKIE, console_auth.new_session(request), max_age=console_auth.SESSION_S,
+                        **console_auth.cookie_flags(request))
+    return response
+
+
+@router.post("/console/logout")
+async def logout(request: Request) -> Response:
+    form = await _form(request)
+    nonce = console_auth.session(request)
+    if nonce is not None and form.get("csrf") != console_auth.csrf_token(request, nonce):
+        return render(request, "login.html", status=403, next="/console/runs",
+                      error="the logout form is stale: reload the page and log out again")
+    response = RedirectResponse("/console/login", status_code=303, headers=console_pages.SECURITY_HEADERS)
+    response.delete_cookie(console_auth.COOKIE, **console_auth.cookie_flags(request))
+    return response
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """A small urlencoded form (the BodyCap middleware bounds it)."""
+    data = b""
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > 16 * 1024:
+            break
+    return dict(parse_qsl(data[:16 * 1024].decode("utf-8", errors="replace"), keep_blank_values=True))
+
+
+# --- pages -----------------------------------------------------------------------------
+
+def _fragment(request: Request, page: str, fragment: str) -> str:
+    return fragment if request.query_params.get("fragment") == "1" else page
+
+
+@router.get("/console/runs")
+async def runs(request: Request) -> Response:
+    if (login_first := _page(request)) is not None:
+        return login_first
+    f = console_runs.RunFilter.parse(request.query_params)
+    feed = "types=ledger" + (f"&shards={f.shard}" if f.shard else "")
+    if request.query_params.get("fragment") == "1":  # a live reload of the list: the list only
+        result = await console_runs.runs_page(request, f)
+        return render(request, "_runs.html", page="runs", f=f, result=result)
+    result, leases = await asyncio.gather(console_runs.runs_page(request, f),
+                                          console_leases.overdue(request, console_leases.ON_RUNS_PAGE, brief=True))
+    return render(request, "runs.html", page="runs", f=f, result=result, leases=leases, feed=feed,
+                  run_statuses=list(RUN), cleanup_statuses=list(CLEANUP))
+
+
+@router.get("/console/leases")
+async def leases(request: Request) -> Response:
+    if (login_first := _page(request)) is not None:
+        return login_first
+    brief = request.query_params.get("brief") == "1"
+    found = await console_leases.overdue(request, console_leases.ON_RUNS_PAGE if brief else console_leases.LISTED,
+                                         brief=brief)
+    return render(request, _fragment(request, "leases.html", "_leases.html"), page="leases", leases=found)
+
+
+@router.get("/console/runs/{run_id}")
+async def run(request: Request, run_id: str, after: str | None = None) -> Response:
+    if (login_first := _page(request)) is not None:
+        return login_first
+    if re.fullmatch(subjects.LEDGER_ID_PATTERN, run_id) is None:
+        view = console_run.RunView(run_id[:64], error=f"a run id must match {subjects.LEDGER_ID_PATTERN}")
+        return render(request, "run.html", status=404, page="runs", view=view, feed="", after=None)
+    after_id = int(after) if after and after.isdigit() and len(after) < 19 else None
+    view = await console_run.run_view(request, run_id, after_id)
+    shard = view.run.get("shard")
+    feed = "types=ledger" + (f"&shards={shard}" if subjects.is_shard_id(shard) else "")
+    status = 404 if view.error and view.error.startswith("404") else 200
+    return render(request, _fragment(request, "run.html", "_run.html"), status=status, page="runs", view=view,
+                  feed=feed, after=after_id)
+
+
+@router.get("/console/calendar")
+async def calendar(request: Request) -> Response:
+    if (login_first := _page(request)) is not None:
+        return login_first
+    cal = console_runs.Calendar.parse(request.query_params, datetime.now(timezone.utc).date())
+    cal = await console_runs.calendar(request, cal)
+    return render(request, _fragment(request, "calendar.html", "_calendar.html"), page="calendar", cal=cal)
+
+
+@router.get("/console/shards")
+async def shards(request: Request) -> Response:
+    if (login_first := _page(request)) is not None:
+        return login_first
+    (rows, error), (letters, letters_error) = await asyncio.gather(console_shards.shard_rows(request),
+                                                                   console_shards.dead_letters(request))
+    return render(request, _fragment(request, "shards.html", "_shards.html"), page="shards", shards=rows,
+                  error=error, letters=letters, letters_error=letters_error, silent_s=console_shards.SILENT_S)
+
+
+@router.get("/console/boards")
+async def boards(request: Request, shard: str | None = None) -> Response:
+    if (login_first := _page(request)) is not None:
+        return login_first
+    fragment = request.query_params.get("fragment") == "1"
+    connected: list[str] = []
+    if not (fragment and shard):  # a live reload knows its shard: no gateway.status round
+        rows, _error = await console_shards.shard_rows(request)
+        connected = [r["shard"] for r in rows]
+    problem = None
+    if shard and not subjects.is_shard_id(shard):
+        shard, problem = None, "shard: not a shard id ([a-z0-9_-]{1,32})"
+    shard = shard or (connected[0] if connected else None)
+    items = await console_boards.read_all(request, shard) if shard else []
+    return render(request, _fragment(request, "boards.html", "_boards.html"), page="boards", shard=shard,
+                  connected=connected, boards=items, shard_problem=problem)
+
+
+@router.get("/console/module")
+async def module(request: Request) -> Response:
+    if (login_first := _page(request)) is not None:
+        return login_first
+    answer = await ask(request, subjects.INSTALLER_LIST, {}, "installer")
+    modules = [m for m in answer.reply.get("modules") or [] if isinstance(m, dict)] if answer.ok else []
+    declared = [d for d in answer.reply.get("declared") or [] if isinstance(d, dict)] if answer.ok else []
+    return render(request, _fragment(request, "module.html", "_module.html"), page="module", modules=modules,
+                  declared=declared, error=answer.error)
+
+
+@router.get("/console/static/{name}")
+async def static(name: str) -> Response:
+    found = _STATIC_FILES.get(name)
+    if found is None:
+        return Response(b"not found", status_code=404, media_type="text/plain")
+    body, media_type = found
+    return Response(body, media_type=media_type, headers={"Cache-Control": "no-cache",
+                                                          "X-Content-Type-Options": "nosniff"})
