@@ -421,6 +421,7 @@ class Stack:
             "WEB_WS_URL": self.web_url.replace("http://", "ws://", 1) + "/ws",
             "WEB_TOKEN": self.web_token,
             "WEB_OPERATOR_TOKEN": self.web_operator_token,
+            "CONSOLE_URL": self.web_url + "/console",
             "PROTOCOL": str(PROTOCOL_VERSION),
         }
 

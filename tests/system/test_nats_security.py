@@ -353,17 +353,31 @@ async def test_each_user_may_subscribe_to_its_own_inbox(connect):
     assert {user.name: was for user, was in zip(users, refused)} == {name: False for name in USERS}
 
 
-async def test_the_ledger_creates_its_events_stream_and_no_other(connect):
-    """Its one question: JetStream, to create (or bring forward) LEDGER_EVENTS at start."""
+async def test_the_ledger_creates_its_events_stream_relays_into_it_and_touches_no_other(connect):
+    """Its JetStream is LEDGER_EVENTS alone: create (or bring forward) at start, and what the
+    outbox relay does — the stream's last sequence, a publish with its message id, and a
+    message read back at a takeover."""
     ledger = await connect("ledger")
     js = ledger.nc.jetstream()
     from services.ledger.event_stream import declare_events_stream
-    from services.web.feed_stream import FeedStream
-    from services.web.settings import WebSettings
+    from services.ledger.outbox_relay import message_id
 
     await declare_events_stream(js)
     await declare_events_stream(js)  # again, as every replica does at start
+    before = (await js.stream_info(subjects.LEDGER_EVENTS_STREAM)).state.last_seq
+    ack = await js.publish(subjects.ledger_run_events("security"), b'{"eventId":1}',
+                           stream=subjects.LEDGER_EVENTS_STREAM, headers={"Nats-Msg-Id": message_id("test", 1)})
+    assert ack.seq > before
+    assert (await js.get_msg(subjects.LEDGER_EVENTS_STREAM, ack.seq)).data == b'{"eventId":1}'
     assert ledger.errors == []
+    # A website replays a run's events from it (read-only: an ordered consumer).
+    website = await connect("website")
+    replay = await website.nc.jetstream().subscribe(subjects.ledger_run_events("security"), ordered_consumer=True,
+                                                    deliver_policy=DeliverPolicy.ALL)
+    assert (await replay.next_msg(timeout=5)).data == b'{"eventId":1}'
+    await replay.unsubscribe()
+    assert website.errors == []
+    assert await website.refused(subjects.ledger_run_events("security"))  # it cannot forge one
     assert [s for s in ("$JS.API.STREAM.CREATE.OTHER", "$JS.API.STREAM.DELETE.LEDGER_EVENTS",
                         "$JS.API.STREAM.PURGE.LEDGER_EVENTS", "$JS.API.STREAM.UPDATE.SHARD_FRAMES")
             if not await ledger.refused(s)] == []
@@ -643,14 +657,21 @@ async def test_the_website_cannot_have_jetstream_deliver_its_news_as_ledger_or_c
         website = await connect("website")
         shard = f"f{secrets.token_hex(4)}"
 
-        run = (await website.ask(subjects.LEDGER_RUN_CREATE, {"shard": shard, "event": "invasion"}))["run"]
+        run_id = f"run{secrets.token_hex(6)}"
+        changes = await listen(website, subjects.ledger_run_events(run_id))
+        run = (await website.ask(subjects.LEDGER_RUN_CREATE, {"runId": run_id, "shard": shard, "event": "invasion"}))["run"]
         recorded = await website.ask(subjects.LEDGER_RESOURCE_RECORD, {
             "runId": run["runId"], "module": "events", "kind": "zone", "ref": "z1", "idempotencyKey": "rec-z1"})
         assert recorded["status"] == 200, recorded
         resource_id = recorded["resource"]["resourceId"]
         for status in ("running", "completed"):
             assert (await website.ask(subjects.LEDGER_RUN_STATUS, {"runId": run["runId"], "status": status}))["status"] == 200
-        changes = await listen(website, subjects.ledger_run_events(run["runId"]))
+        for _ in range(100):  # the four changes' events (the relay sends them just after the replies)
+            if len(changes.got) >= 4:
+                break
+            await asyncio.sleep(0.05)
+        assert len(changes.got) == 4
+        changes.got.clear()
         swept = await listen(website, subjects.CLEANUP_SWEPT)
 
         # The website's kv.watch (an ordered push consumer to its own inbox) works...

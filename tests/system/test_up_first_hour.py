@@ -40,7 +40,7 @@ from tests.system.up_process import start_command, start_up, stop_up, up_env
 
 ROOT = Path(__file__).resolve().parents[2]
 PRINTED = ("NATS_URL", "NATS_WS_URL", "DATABASE_URL", "SHARD_ADDR", "SHARD_ADDRS", "SHARD_TOKEN", "WEB_URL",
-           "WEB_WS_URL", "WEB_TOKEN", "WEB_OPERATOR_TOKEN", "PROTOCOL")
+           "WEB_WS_URL", "WEB_TOKEN", "WEB_OPERATOR_TOKEN", "CONSOLE_URL", "PROTOCOL")
 """Every line ``make up`` prints for a shard, a website and the operator."""
 
 EVERY_SERVICE_ONCE = {"gateway": 1, "ledger": 1, "cleanup": 1, "installer": 1, "web": 1}
@@ -110,6 +110,7 @@ def test_a_second_terminal_in_the_same_directory_finds_the_stack(state_dir):
         web_port = port_of(found["WEB_URL"])
         assert found["WEB_URL"] == f"http://127.0.0.1:{web_port}"
         assert found["WEB_WS_URL"] == f"ws://127.0.0.1:{web_port}/ws"
+        assert found["CONSOLE_URL"] == f"http://127.0.0.1:{web_port}/console"
         assert re.fullmatch(r"ws://127\.0\.0\.1:\d+", found["NATS_WS_URL"])
         assert found["PROTOCOL"] == "7"
         assert len({found["SHARD_TOKEN"], found["WEB_TOKEN"], found["WEB_OPERATOR_TOKEN"]}) == 3
