@@ -16,7 +16,7 @@ import json
 from services.ledger.requests import RUNS_CURSOR, ListRuns
 from services.ledger.resources import REVERT_INLINE_MAX, resource_json
 from services.ledger.statuses import LIVE, RESOURCE_STATUSES, UNRESOLVED
-from services.ledger.store import NOW_MS, Database, NotFound, deadline_passed, first, run_json
+from services.ledger.store import NOW_MS, Database, NotFound, deadline_passed, read_first, run_json
 
 __all__ = ["DETAIL_INLINE_MAX", "PAGE_BYTES", "REVERT_INLINE_MAX", "console", "list_runs", "live", "live_modules",
            "leases_overdue", "page_bytes", "paged_rows", "run_log"]
@@ -70,7 +70,7 @@ async def console(db: Database, run_id: str, after: int | None = None, limit: in
     NotFound: the run, its resources with an id above ``after`` (at most ``limit``, at most
     :data:`PAGE_BYTES`), ``next``, and the counts and unresolved of the whole run."""
     async with db.connect() as conn:
-        row = await first(conn, f"""
+        row = await read_first(conn, f"""
             WITH candidates AS (
                 SELECT s.id, {resource_json('s')}::text AS j FROM resources s
                 WHERE s.run_id = :run_id AND s.id > :after ORDER BY s.id LIMIT :candidates
@@ -119,7 +119,7 @@ async def run_log(db: Database, run_id: str, after: int | None = None, limit: in
     the entries with an id above ``after``, oldest first (at most ``limit``, at most
     :data:`PAGE_BYTES`), and ``next``."""
     async with db.connect() as conn:
-        row = await first(conn, f"""
+        row = await read_first(conn, f"""
             WITH candidates AS (
                 SELECT l.id, {_entry_json('l')}::text AS j FROM run_log l
                 WHERE l.run_id = :run_id AND l.id > :after ORDER BY l.id LIMIT :candidates
@@ -153,7 +153,7 @@ async def list_runs(db: Database, query: ListRuns, budget: int = PAGE_BYTES) -> 
     key, order, after = _RUN_ORDERS[query.by_schedule]
     cursor = RUNS_CURSOR.fullmatch(query.after) if query.after else None
     async with db.connect() as conn:
-        row = await first(conn, f"""
+        row = await read_first(conn, f"""
             WITH picked AS (
                 SELECT {run_json('r')}::text AS j, ({key})::text || ':' || r.run_id AS cursor,
                        row_number() OVER (ORDER BY {order}) AS n
@@ -187,7 +187,7 @@ async def live(db: Database, module: str, limit: int, after: int | None = None,
     JSON bytes: rows with an id above ``after``, at most ``limit`` and :data:`PAGE_BYTES`, and
     ``next``."""
     async with db.connect() as conn:
-        row = await first(conn, f"""
+        row = await read_first(conn, f"""
             WITH candidates AS (
                 SELECT s.id, {resource_json('s')}::text AS j FROM resources s
                 WHERE s.module = :module AND s.status = ANY(:live) AND s.id > :after
@@ -209,7 +209,7 @@ async def live_modules(db: Database, limit: int) -> bytes:
     what a reconcile of every module asks (the website seed's ``modulesWithLiveRows``). At
     most 10,000 names of at most 64 ASCII characters: far below a NATS message."""
     async with db.connect() as conn:
-        row = await first(conn, """
+        row = await read_first(conn, """
             SELECT json_build_object('status', 200, 'modules', COALESCE(json_agg(module ORDER BY module),
                                                                          '[]'::json))::text AS reply
             FROM (SELECT DISTINCT s.module FROM resources s WHERE s.status = ANY(:live)
@@ -223,7 +223,7 @@ async def leases_overdue(db: Database, limit: int, budget: int = PAGE_BYTES) -> 
     them while nobody watched), most overdue first: their count and the reply's JSON bytes (at
     most ``limit`` rows and :data:`PAGE_BYTES`). Served by ``ix_resources_status_lease``."""
     async with db.connect() as conn:
-        row = await first(conn, f"""
+        row = await read_first(conn, f"""
             WITH overdue AS (
                 SELECT s.id, s.lease_deadline, {resource_json('s')}::text AS j,
                        row_number() OVER (ORDER BY s.lease_deadline, s.id) AS n
