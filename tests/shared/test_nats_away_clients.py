@@ -71,14 +71,14 @@ async def test_the_ledger_client_answers_503_in_every_shape_of_a_nats_outage(own
 
 
 @pytest.mark.timeout(30)
-async def test_a_give_back_over_a_closed_connection_is_transient(own_nats):
-    """A give-back that cannot be sent is a transient outcome (tried again next sweep), not an
-    exception that would stop the sweep."""
+async def test_a_give_back_over_a_closed_connection_is_away(own_nats):
+    """A give-back that cannot be sent is an ``away`` outcome (tried again after its back-off,
+    no attempt spent: nobody answered), not an exception that would stop the sweep."""
     nc = await client(own_nats.url)
     await nc.close()
     row = {"runId": "r1", "resourceId": 1, "module": "world", "kind": "creature", "ref": "0x1", "revert": {}}
     outcome = await giveback.give_back(NatsPort(nc), row, "uo1", 0.5)
-    assert outcome.verdict is Verdict.TRANSIENT, outcome
+    assert outcome.verdict is Verdict.AWAY, outcome
 
 
 # --- the installer's site lock ---------------------------------------------------------------
