@@ -47,39 +47,6 @@ OVERDUE_LIMIT = 20
 """At most this many leases past their deadline are listed (all are counted)."""
 
 
-async def scatter_gather(nc: Any, subject: str, payload: bytes, wait_s: float) -> list[dict[str, Any]]:
-    """Publish one request and gather every JSON reply that arrives within ``wait_s``.
-
-    A plain ``request`` returns the first reply only; replicas that answer without a queue
-    group all answer, so we listen on our own inbox for the whole window. NATS's "no
-    responders" status (nobody subscribed) ends the wait at once with no replies."""
-    inbox = nc.new_inbox()
-    replies: list[dict[str, Any]] = []
-    done = asyncio.Event()
-
-    async def on_reply(msg: Any) -> None:
-        if msg.headers and msg.headers.get("Status") == "503":  # no responders
-            done.set()
-            return
-        try:
-            data = json.loads(msg.data)
-        except ValueError:
-            return
-        if isinstance(data, dict):
-            replies.append(data)
-
-    sub = await nc.subscribe(inbox, cb=on_reply)
-    try:
-        await nc.publish(subject, payload, reply=inbox)
-        try:
-            await asyncio.wait_for(done.wait(), wait_s)
-        except asyncio.TimeoutError:
-            pass
-    finally:
-        await sub.unsubscribe()
-    return replies
-
-
 def _replicas(pings: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Ping replies grouped by service, each replica once (by host and pid)."""
     found: dict[str, dict[tuple[str, str], dict[str, Any]]] = {name: {} for name in SERVICES}
@@ -113,36 +80,33 @@ async def _streams(nc: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
     return sorted(streams, key=lambda r: r["name"]), sorted(buckets, key=lambda r: r["name"])
 
 
+async def _ask_ledger(nc: Any, subject: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """The ledger's 200 reply to one request, or a RuntimeError quoting its answer."""
+    reply = json.loads((await nc.request(subject, json.dumps(body).encode(), timeout=timeout_s)).data)
+    if reply.get("status") != 200:
+        raise RuntimeError(f"{subject} answered {reply.get('status')}: {reply.get('error')}")
+    return reply
+
+
 async def _incomplete_runs(nc: Any, timeout_s: float) -> list[dict[str, Any]]:
     from shared import subjects
 
-    msg = await nc.request(subjects.LEDGER_RUNS, json.dumps(
-        {"cleanupStatus": "incomplete", "limit": INCOMPLETE_LIMIT}).encode(), timeout=timeout_s)
-    reply = json.loads(msg.data)
-    if reply.get("status") != 200:
-        raise RuntimeError(f"ledger.runs answered {reply.get('status')}: {reply.get('error')}")
+    reply = await _ask_ledger(nc, subjects.LEDGER_RUNS, {"cleanupStatus": "incomplete", "limit": INCOMPLETE_LIMIT},
+                              timeout_s)
     return list(reply.get("runs") or [])
 
 
 async def _waiting_runs(nc: Any, timeout_s: float) -> list[dict[str, Any]]:
     from shared import subjects
 
-    msg = await nc.request(subjects.LEDGER_SWEEP_WAITING, json.dumps({"limit": WAITING_LIMIT}).encode(),
-                           timeout=timeout_s)
-    reply = json.loads(msg.data)
-    if reply.get("status") != 200:
-        raise RuntimeError(f"ledger.sweep.waiting answered {reply.get('status')}: {reply.get('error')}")
+    reply = await _ask_ledger(nc, subjects.LEDGER_SWEEP_WAITING, {"limit": WAITING_LIMIT}, timeout_s)
     return list(reply.get("runs") or [])
 
 
 async def _overdue_leases(nc: Any, timeout_s: float) -> dict[str, Any]:
     from shared import subjects
 
-    msg = await nc.request(subjects.LEDGER_LEASES_OVERDUE, json.dumps({"limit": OVERDUE_LIMIT}).encode(),
-                           timeout=timeout_s)
-    reply = json.loads(msg.data)
-    if reply.get("status") != 200:
-        raise RuntimeError(f"ledger.leases.overdue answered {reply.get('status')}: {reply.get('error')}")
+    reply = await _ask_ledger(nc, subjects.LEDGER_LEASES_OVERDUE, {"limit": OVERDUE_LIMIT}, timeout_s)
     return {"count": reply.get("count", 0), "resources": list(reply.get("resources") or [])}
 
 
@@ -154,6 +118,7 @@ async def gather(nats_url: str, wait_s: float = DEFAULT_WAIT_S) -> dict[str, Any
     from shared import subjects
     from shared.logs import redact
     from shared.nats_connect import connection_name, inbox_prefix
+    from shared.scatter_gather import scatter_gather
 
     from shardbus.cli import quiet
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass
 
 import asyncpg
 from nats.aio.client import Client as NATS
@@ -80,15 +79,6 @@ async def stop_task(task: asyncio.Task[None]) -> None:
         log.warning("background task ended with an error", extra={"reason": repr(task.exception())})
 
 
-@dataclass
-class RelayStats:
-    """What this replica's relay did (for tests and the log)."""
-
-    published: int = 0
-    found_at_takeover: int = 0
-    leader: bool = False
-
-
 class OutboxRelay:
     """Run with :meth:`start`; :meth:`wake` after a commit; :meth:`stop` at shutdown."""
 
@@ -99,7 +89,6 @@ class OutboxRelay:
         self._connect_timeout_s = connect_timeout_s
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.stats = RelayStats()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="ledger-outbox-relay")
@@ -122,7 +111,6 @@ class OutboxRelay:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # database or NATS away: the events wait in the outbox
-                self.stats.leader = False
                 log.warning("outbox relay paused", extra={"reason": type(exc).__name__, "retry_s": pause})
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, RETRY_MAX_S)
@@ -133,7 +121,6 @@ class OutboxRelay:
         try:
             while not await conn.fetchval("SELECT pg_try_advisory_lock($1)", LOCK_KEY):
                 await asyncio.sleep(POLL_S)
-            self.stats.leader = True
             ledger_id = str(await conn.fetchval("SELECT ledger_id FROM ledger_identity"))
             await self._take_over(conn, ledger_id)
             while True:
@@ -145,7 +132,6 @@ class OutboxRelay:
                 except asyncio.TimeoutError:
                     pass
         finally:
-            self.stats.leader = False
             conn.terminate()  # ends the session: the lock goes with it
 
     async def _last_seq(self) -> int:
@@ -173,7 +159,6 @@ class OutboxRelay:
                 found.append(int(msg_id[len(prefix):]))
         if found:
             await conn.execute("DELETE FROM ledger_outbox WHERE id = ANY($1::bigint[])", found)
-        self.stats.found_at_takeover += len(found)
         log.info("outbox takeover", extra={"already_published": len(found)})
 
     async def _batch(self, conn: asyncpg.Connection, ledger_id: str) -> int:
@@ -193,5 +178,4 @@ class OutboxRelay:
                 stream=subjects.LEDGER_EVENTS_STREAM,
                 headers={"Nats-Msg-Id": message_id(ledger_id, event["id"])})
         await conn.execute("DELETE FROM ledger_outbox WHERE id = ANY($1::bigint[])", [e["id"] for e in events])
-        self.stats.published += len(events)
         return len(events)

@@ -190,7 +190,8 @@ RUNS_CURSOR = re.compile(r"(\d{1,19}):([A-Za-z0-9_-]{1,64})")
 
 
 def _runs_cursor(value: str) -> str:
-    if not RUNS_CURSOR.fullmatch(value):
+    found = RUNS_CURSOR.fullmatch(value)
+    if not found or int(found.group(1)) > BIGINT_MAX:
         raise ValueError("must be the `next` of the page before (a number, a colon and a run id)")
     return value
 

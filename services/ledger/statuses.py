@@ -26,22 +26,6 @@ RUN_STATUS_FROM: dict[str, tuple[str, ...]] = {
 CLEANUP_STATUSES = ("pending", "complete", "incomplete")
 """A run's cleanup status; ``incomplete`` wants a person (manual retry)."""
 
-RUN_COLOUR = {
-    "completed": "green",                                 # S000:56 (STATUS_COLOR, '#8fc79a')
-    "scheduled": "grey", "running": "blue",               # shardbus's: the seed quotes no other
-    "cancelled": "grey", "missed": "grey", "failed": "red",  # red: "this did not work" (S000:63)
-}
-"""The colour of a run's status on the console (``colour`` on every run)."""
-
-CLEANUP_WORD = {
-    "pending": "being given back",         # shardbus's words, in the seed's terms
-    "complete": "everything given back",
-    "incomplete": "wants a person",        # S000:10 ("a human's to clear")
-}
-"""What the console says of a run's cleanup status (``cleanupWord``)."""
-
-CLEANUP_COLOUR = {"pending": "blue", "complete": "green", "incomplete": "amber"}
-"""Its colour (``cleanupColour``): green resolved, amber wants a person, as for rows (S000:59-60)."""
 
 # --- resources -------------------------------------------------------------------------
 
@@ -63,25 +47,6 @@ REVERTABLE = ("pending", "confirmed", "orphaned")
 WANTS_A_PERSON = ("orphaned", "drifted")
 """Statuses that want a person to look (amber, with ``reverting``, on the console)."""
 
-RESOURCE_WORD = {
-    "pending": "asked for, not yet confirmed",  # shardbus's words: the seed quotes none
-    "confirmed": "still out there",             # S000:482 ("`confirmed` is still out there")
-    "reverting": "being given back",            # shardbus's words
-    "reverted": "given back",                   # S000:75
-    "orphaned": "gone",                         # S000:76
-    "drifted": "someone else moved it",         # S000:77
-    "expired": "ended by the game on time",     # S000:78
-}
-"""What the console says of each resource status: the website core seed's ``RESOURCE_WORD``
-(S000 = ../shared/seeds/000_17c043ca07765dbb.txt, EventRun.jsx) where it quotes one."""
-
-RESOURCE_COLOUR = {
-    "pending": "grey", "confirmed": "blue",             # shardbus's: the seed quotes neither
-    "reverting": "amber", "drifted": "amber", "orphaned": "amber",  # S000:65-67, '#d9c184'
-    "reverted": "green", "expired": "green",           # S000:59-63, 68-70, '#8fc79a'
-}
-"""The seed's two groups (S000:59-63): green is resolved, amber wants a person; never the
-only signal (the word goes with it)."""
 
 EXPIRED_ERROR = "the game ended it at its deadline"
 """The ``lastError`` an expiry writes (S000:176)."""

@@ -31,7 +31,7 @@ from typing import Any
 
 import asyncpg
 
-from services.ledger.statuses import CLEANUP_COLOUR, CLEANUP_WORD, RESOURCE_COLOUR, RESOURCE_WORD, RUN_COLOUR
+from shared.status_words import CLEANUP_COLOUR, CLEANUP_WORD, RESOURCE_COLOUR, RESOURCE_WORD, RUN_COLOUR
 from shared.database import normalise_url
 
 CONNECT_TIMEOUT_S = 3.0
@@ -263,7 +263,7 @@ def deadline_passed(alias: str) -> str:
 
 def resource_json(alias: str) -> str:
     """SQL rendering the resource row ``alias`` as its wire JSON (with the console's word and
-    colour for its status, statuses.RESOURCE_WORD and RESOURCE_COLOUR)."""
+    colour for its status, shared/status_words.py)."""
     a = alias
     return (f"json_build_object('resourceId', {a}.id, 'runId', {a}.run_id, 'module', {a}.module, "
             f"'kind', {a}.kind, 'ref', {a}.ref, 'status', {a}.status, "

@@ -3,14 +3,13 @@ exception), and a scatter-gather for subjects every replica answers (``gateway.s
 
 from __future__ import annotations
 
-import asyncio
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
 
 from services.web.nats_calls import BadReply, NatsAway, NoAnswer, NoResponders, TooLarge, call
+from shared.scatter_gather import scatter_gather
 
 GATHER_AFTER_FIRST_S = 0.15
 """After the first reply of a scatter-gather, how long the other replicas get."""
@@ -64,34 +63,4 @@ async def gather(request: Request, subject: str, wait_s: float = 2.0) -> list[di
     nc = request.app.state.nc
     if nc is None or not nc.is_connected:
         return None
-    replies: list[dict[str, Any]] = []
-    first, done = asyncio.Event(), asyncio.Event()
-
-    async def on_reply(msg: Any) -> None:
-        if msg.headers and msg.headers.get("Status") == "503":  # no responders
-            done.set()
-            return
-        try:
-            data = json.loads(msg.data)
-        except ValueError:
-            return
-        if isinstance(data, dict):
-            replies.append(data)
-            first.set()
-
-    inbox = nc.new_inbox()
-    sub = await nc.subscribe(inbox, cb=on_reply)
-    try:
-        await nc.publish(subject, b"{}", reply=inbox)
-        waiter = asyncio.ensure_future(first.wait())
-        stopper = asyncio.ensure_future(done.wait())
-        try:
-            await asyncio.wait({waiter, stopper}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            stopper.cancel()
-        if replies:
-            await asyncio.sleep(GATHER_AFTER_FIRST_S)
-    finally:
-        await sub.unsubscribe()
-    return replies
+    return await scatter_gather(nc, subject, b"{}", wait_s, settle_s=GATHER_AFTER_FIRST_S)

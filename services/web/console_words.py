@@ -1,5 +1,5 @@
-"""What the console says of each status, and its colour: the website core seed's run console
-(S000 = ../shared/seeds/000_17c043ca07765dbb.txt, EventRun.jsx) where it quotes one. Green is
+"""What the console says of each status, and its colour (shared/status_words.py, the same table
+the ledger renders from; the seed's words where it quotes them). Green is
 resolved, amber wants a person, red did not happen as planned; a colour is never the only
 signal: every badge carries its word, and a mark (✓ ! ✗ …) that survives greyscale. Pure."""
 
@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from shared.status_words import CLEANUP_COLOUR, CLEANUP_WORD, RESOURCE_COLOUR, RESOURCE_WORD, RUN_COLOUR
 
 MARK = {"green": "✓", "amber": "!", "red": "✗", "blue": "●", "grey": "…"}
 """The mark that goes with each colour."""
@@ -25,30 +27,12 @@ class Badge:
         return MARK.get(self.colour, "•")
 
 
-RESOURCE = {  # the ledger sends word and colour on every row; this is for a row without them
-    "pending": ("asked for, not yet confirmed", "grey"),
-    "confirmed": ("still out there", "blue"),
-    "reverting": ("being given back", "amber"),
-    "reverted": ("given back", "green"),
-    "orphaned": ("gone", "amber"),
-    "drifted": ("someone else moved it", "amber"),
-    "expired": ("ended by the game on time", "green"),
-}
+RESOURCE = {status: (word, RESOURCE_COLOUR[status]) for status, word in RESOURCE_WORD.items()}
+"""For a count by status (the ledger sends word and colour on every row itself)."""
 
-RUN = {
-    "scheduled": ("scheduled", "grey"),
-    "running": ("running", "blue"),
-    "completed": ("completed", "green"),  # S000:56, '#8fc79a'
-    "cancelled": ("cancelled", "grey"),
-    "failed": ("failed", "red"),
-    "missed": ("missed", "amber"),
-}
+RUN = {status: (status, colour) for status, colour in RUN_COLOUR.items()}
 
-CLEANUP = {
-    "pending": ("cleanup pending", "grey"),
-    "complete": ("cleaned up", "green"),
-    "incomplete": ("cleanup incomplete: wants a person", "amber"),
-}
+CLEANUP = {status: (word, CLEANUP_COLOUR[status]) for status, word in CLEANUP_WORD.items()}
 
 MODULE_STATE = {
     "pending": ("pending", "grey"),

@@ -155,7 +155,7 @@ async def test_an_expiry_writes_the_seeds_last_error_sentence(ledger, unique):
 
 # (run status, colour, the seed's line or None: shardbus's own)
 RUN_COLOURS = [("completed", "green", 56), ("running", "blue", None), ("failed", "red", 63),
-               ("scheduled", "grey", None), ("missed", "grey", None), ("cancelled", "grey", None)]
+               ("scheduled", "grey", None), ("missed", "amber", None), ("cancelled", "grey", None)]
 
 
 @pytest.mark.parametrize("status,colour,line", RUN_COLOURS, ids=[r[0] for r in RUN_COLOURS])
@@ -165,7 +165,7 @@ async def test_every_run_in_ledger_runs_carries_its_colour_and_its_cleanups_word
     (listed,) = [r for r in (await ledger.ask(subjects.LEDGER_RUNS, status=status))["runs"] if r["runId"] == run]
     assert listed["colour"] == colour
     assert (listed["cleanupStatus"], listed["cleanupWord"], listed["cleanupColour"]) == (
-        "pending", "being given back", "blue")
+        "pending", "cleanup pending", "grey")
 
 
 async def test_an_incomplete_cleanup_says_it_wants_a_person_in_amber(ledger, db, unique):
@@ -173,4 +173,4 @@ async def test_an_incomplete_cleanup_says_it_wants_a_person_in_amber(ledger, db,
     await ledger.run(run, "completed")
     await db.execute("UPDATE runs SET cleanup_status = 'incomplete' WHERE run_id = $1", run)
     listed = (await ledger.ask(subjects.LEDGER_RUNS, cleanupStatus="incomplete"))["runs"][0]
-    assert (listed["cleanupWord"], listed["cleanupColour"]) == ("wants a person", "amber")
+    assert (listed["cleanupWord"], listed["cleanupColour"]) == ("cleanup incomplete: wants a person", "amber")

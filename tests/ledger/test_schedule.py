@@ -86,6 +86,7 @@ BAD = [
     ("empty-window", (subjects.LEDGER_RUNS, {"startsFrom": 10, "startsBefore": 10}), "startsBefore"),
     ("forged-cursor", (subjects.LEDGER_RUNS, {"after": "1; DROP TABLE runs"}), "after"),
     ("cursor-with-a-subject", (subjects.LEDGER_RUNS, {"after": "12:a.b"}), "after"),
+    ("cursor-past-bigint", (subjects.LEDGER_RUNS, {"after": "9999999999999999999:r1"}), "after"),
     ("bad-shard", (subjects.LEDGER_RUNS, {"shard": "UO 1"}), "shard"),
 ]
 

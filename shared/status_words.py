@@ -1,0 +1,45 @@
+"""What a person is told of each status, and its colour: one table for the ledger (which
+puts ``word``/``colour`` on every row and ``colour``/``cleanupWord``/``cleanupColour`` on
+every run) and for the console (its badges, counts and filters).
+
+The website core seed's words and colours where it quotes them (S000 =
+../shared/seeds/000_17c043ca07765dbb.txt, EventRun.jsx); shardbus's own otherwise. Green is
+resolved, amber wants a person (S000:59-63); a colour is never the only signal."""
+
+from __future__ import annotations
+
+RESOURCE_WORD = {
+    "pending": "asked for, not yet confirmed",  # shardbus's words: the seed quotes none
+    "confirmed": "still out there",             # S000:482 ("`confirmed` is still out there")
+    "reverting": "being given back",            # shardbus's words
+    "reverted": "given back",                   # S000:75
+    "orphaned": "gone",                         # S000:76
+    "drifted": "someone else moved it",         # S000:77
+    "expired": "ended by the game on time",     # S000:78
+}
+"""What the console says of each resource status."""
+
+RESOURCE_COLOUR = {
+    "pending": "grey", "confirmed": "blue",             # shardbus's: the seed quotes neither
+    "reverting": "amber", "drifted": "amber", "orphaned": "amber",  # S000:65-67, '#d9c184'
+    "reverted": "green", "expired": "green",           # S000:59-63, 68-70, '#8fc79a'
+}
+"""The seed's two groups: green is resolved, amber wants a person."""
+
+RUN_COLOUR = {
+    "scheduled": "grey", "running": "blue",   # shardbus's: the seed quotes no other
+    "completed": "green",                      # S000:56 (STATUS_COLOR, '#8fc79a')
+    "cancelled": "grey", "failed": "red",      # red: "this did not work" (S000:63)
+    "missed": "amber",                         # it never happened: a person looks
+}
+"""The colour of a run's status (its word is the status itself)."""
+
+CLEANUP_WORD = {
+    "pending": "cleanup pending",
+    "complete": "cleaned up",
+    "incomplete": "cleanup incomplete: wants a person",  # S000:10 ("a human's to clear")
+}
+"""What the console says of a run's cleanup status."""
+
+CLEANUP_COLOUR = {"pending": "grey", "complete": "green", "incomplete": "amber"}
+"""Its colour: green resolved, amber wants a person, as for rows."""
