@@ -33,14 +33,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import asyncpg  # noqa: E402
-import nats  # noqa: E402
+import asyncpg
+import nats
 
-from shardbus import embedded  # noqa: E402
-from shared import subjects  # noqa: E402
-from simulator.shard import ShardSimulator  # noqa: E402
-from simulator.world import ShardWorld, WorldObject  # noqa: E402
-from tests.processes import ServiceProcesses  # noqa: E402
+from shardbus import embedded
+from shared import subjects
+from simulator.shard import ShardSimulator
+from simulator.world import ShardWorld, WorldObject
+from tests.processes import ServiceProcesses
 
 PER_RUN = 10
 """Resources (creatures) per run."""

@@ -35,10 +35,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import nats  # noqa: E402
+import nats
 
-from shardbus import embedded  # noqa: E402
-from shared import subjects  # noqa: E402
+from shardbus import embedded
+from shared import subjects
 
 TOKEN = "bench-token-0000"
 """The shard token of the benchmark's gateway."""
@@ -107,7 +107,7 @@ async def ingest(nats_url: str, port: int, frames: int) -> float:
     shard = f"ing{uuid.uuid4().hex[:8]}"
     done, _ = await count_stored(nc, subjects.frame(shard, "bench.frame"), frames)
     lines = [frame_line("bench.frame", i) + b"\n" for i in range(frames)]
-    reader, writer = await dial(port, shard)
+    _reader, writer = await dial(port, shard)
     started = time.perf_counter()
     for i in range(0, frames, 1000):
         writer.write(b"".join(lines[i:i + 1000]))
@@ -154,7 +154,7 @@ async def latency_at_1k(nats_url: str, port: int) -> tuple[float, float]:
 
     await nc.subscribe(subjects.frame(shard, "bench.lat"), cb=on_msg)
     await nc.flush()
-    reader, writer = await dial(port, shard)
+    _reader, writer = await dial(port, shard)
     await asyncio.sleep(0.5)
     started = time.perf_counter()
     for i in range(LATENCY_FRAMES):

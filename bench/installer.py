@@ -6,8 +6,9 @@ unpack, atomic swap) and is asked over NATS; the raw baseline, measured in the s
 the same artifact, is plain ``sha256`` of the file plus ``tarfile`` extraction. The ratio
 install/raw is the figure (target <= 1.5). An install also has to move the artifact over
 HTTPS, which the raw baseline does not, so a second baseline times that plain transfer
-(``raw_download_s_*``) and ``install_ratio_vs_download_plus_raw_*`` compares like with like. Peak RSS is the installer process's high-water
-mark (``VmHWM``), target < 150 MB for the 200 MB artifact.
+(``raw_download_s_*``) and ``install_ratio_vs_download_plus_raw_*`` compares like with like.
+Peak RSS is the installer process's high-water mark (``VmHWM``), target < 150 MB for the 200 MB
+artifact.
 
 Run alone: ``python bench/installer.py``; writes ``bench/results/installer.json``.
 """
@@ -34,13 +35,13 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import nats  # noqa: E402
-import trustme  # noqa: E402
+import nats
+import trustme
 
-from shardbus import embedded  # noqa: E402
-from shared import subjects  # noqa: E402
-from shared.broker import health_file_is_fresh  # noqa: E402
-from tests.installer.releases import ReleaseServer, Route  # noqa: E402
+from shardbus import embedded
+from shared import subjects
+from shared.broker import health_file_is_fresh
+from tests.installer.releases import ReleaseServer, Route
 
 SIZES_MB = (50, 200)
 """Module sizes installed."""
@@ -91,8 +92,9 @@ def start_installer(work: Path, nats_url: str, ca: Path, site: str) -> subproces
     env = {**os.environ, "SHARDBUS_NATS_URL": nats_url, "SHARDBUS_HEALTH_FILE": str(health),
            "SHARDBUS_MODULES_DIR": str(work / site), "SHARDBUS_INSTALLER_ALLOWED_HOSTS": "127.0.0.1",
            "SHARDBUS_INSTALLER_CA_FILE": str(ca), "SHARDBUS_INSTALLER_SITE": site, "SHARDBUS_LOG_LEVEL": "WARNING"}
-    proc = subprocess.Popen([sys.executable, "-m", "shardbus", "run", "installer"], env=env, cwd=ROOT,
-                            stdout=open(work / f"{site}.log", "ab"), stderr=subprocess.STDOUT)
+    with open(work / f"{site}.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "shardbus", "run", "installer"], env=env, cwd=ROOT,
+                                stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while not health_file_is_fresh(str(health)):
         if proc.poll() is not None or time.monotonic() > deadline:

@@ -37,12 +37,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import asyncpg  # noqa: E402
-import nats  # noqa: E402
+import asyncpg
+import nats
 
-from shardbus import embedded  # noqa: E402
-from shared import subjects  # noqa: E402
-from shared.broker import health_file_is_fresh  # noqa: E402
+from shardbus import embedded
+from shared import subjects
+from shared.broker import health_file_is_fresh
 
 CLIENTS = 32
 """Concurrent clients in the transition phases (ledger and raw alike)."""
@@ -62,7 +62,8 @@ async def ledger_transitions(nats_url: str, seconds: float) -> tuple[float, int]
     """reserve+confirm pairs through the ledger for ``seconds``; transitions/s and errors."""
     nc = await nats.connect(nats_url)
     run = f"bench-{os.getpid()}"
-    await nc.request(subjects.LEDGER_RUN_CREATE, json.dumps({"runId": run, "shard": "uo1", "event": "bench"}).encode(), timeout=5)
+    await nc.request(subjects.LEDGER_RUN_CREATE, json.dumps({"runId": run, "shard": "uo1", "event": "bench"}).encode(),
+                     timeout=5)
     await nc.request(subjects.LEDGER_RUN_STATUS, json.dumps({"runId": run, "status": "running"}).encode(), timeout=5)
     done, errors = 0, 0
     stop = time.perf_counter() + seconds
@@ -74,7 +75,8 @@ async def ledger_transitions(nats_url: str, seconds: float) -> tuple[float, int]
             i += 1
             ref = f"n{n}-{i}"
             body = {"runId": run, "module": "bench", "kind": "creature", "ref": ref, "idempotencyKey": f"L{ref}"}
-            reply = json.loads((await nc.request(subjects.LEDGER_RESOURCE_RESERVE, json.dumps(body).encode(), timeout=10)).data)
+            reply = json.loads((await nc.request(subjects.LEDGER_RESOURCE_RESERVE, json.dumps(body).encode(),
+                                                 timeout=10)).data)
             confirm = json.loads((await nc.request(subjects.LEDGER_RESOURCE_CONFIRM, json.dumps(
                 {"resourceId": reply["resource"]["resourceId"]}).encode(), timeout=10)).data)
             if reply["status"] == 200 and confirm["status"] == 200:
@@ -97,7 +99,8 @@ async def raw_transitions(db_url: str, seconds: float) -> float:
 _RAW_RESERVE = ("INSERT INTO resources (run_id, module, kind, ref, status, idempotency_key) "
                 "VALUES ($1, 'raw', 'creature', $2, 'pending', $3) "
                 "ON CONFLICT (idempotency_key) DO NOTHING RETURNING id")
-_RAW_CONFIRM = "UPDATE resources SET status = 'confirmed', updated_at = now() WHERE id = $1 AND status = ANY($2) RETURNING *"
+_RAW_CONFIRM = ("UPDATE resources SET status = 'confirmed', updated_at = now() WHERE id = $1 AND status = ANY($2) "
+                "RETURNING *")
 
 
 async def _pairs_through_asyncpg(db_url: str, seconds: float, name: str, reserve: str, confirm: str) -> float:
@@ -202,7 +205,7 @@ async def fill(db_url: str, rows: int) -> str:
 
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def console_latency(nats_url: str, db_url: str, run_id: str) -> dict[str, float]:
@@ -242,9 +245,9 @@ def start_ledger(tmp: Path, nats_url: str, db_url: str) -> subprocess.Popen:
     env = {**os.environ, "SHARDBUS_NATS_URL": nats_url, "SHARDBUS_DATABASE_URL": db_url,
            "SHARDBUS_HEALTH_FILE": str(health), "SHARDBUS_LOG_LEVEL": "WARNING",
            "SHARDBUS_DB_POOL_SIZE": os.environ.get("SHARDBUS_DB_POOL_SIZE", "10")}
-    log = open(tmp / "ledger.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "shardbus", "run", "ledger"], env=env, cwd=ROOT,
-                            stdout=log, stderr=subprocess.STDOUT)
+    with open(tmp / "ledger.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "shardbus", "run", "ledger"], env=env, cwd=ROOT,
+                                stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while not health_file_is_fresh(str(health)):
         if proc.poll() is not None or time.monotonic() > deadline:

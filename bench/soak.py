@@ -54,18 +54,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import nats  # noqa: E402
-import nats.errors  # noqa: E402
-from nats.js.api import AckPolicy, ConsumerConfig  # noqa: E402
+import nats
+import nats.errors
+from nats.js.api import AckPolicy, ConsumerConfig
 
-from shardbus import embedded  # noqa: E402
-from shardbus.stack import Stack  # noqa: E402
-from shared import subjects  # noqa: E402
-from simulator.shard import ShardSimulator  # noqa: E402
-from simulator.world import ShardWorld  # noqa: E402
+from shardbus import embedded
+from shardbus.stack import Stack
+from shared import subjects
+from simulator.shard import ShardSimulator
+from simulator.world import ShardWorld
 
 sys.path.insert(0, str(ROOT / "bench"))
-import gateway as gateway_bench  # noqa: E402  (bench/gateway.py: its raw baseline's responder)
+import gateway as gateway_bench  # bench/gateway.py: its raw baseline's responder
 
 try:
     import psutil
@@ -298,7 +298,7 @@ class Soak:
                     tally.failures[f"status {status}"] += 1
                     return
             tally.times.append((time.monotonic(), ms))
-        except Exception as exc:  # noqa: BLE001 — timeout, no responders: counted
+        except Exception as exc:  # timeout, no responders: counted
             tally.failed += 1
             tally.failures[type(exc).__name__] += 1
 
@@ -346,7 +346,7 @@ class Soak:
             run.resources.append((run.run_id, lease_ref))
             await ask(nc, subjects.LEDGER_RUN_STATUS, {"runId": run.run_id, "status": "completed"})
             run.ended = True
-        except Exception as exc:  # noqa: BLE001 — reported, not fatal to the soak
+        except Exception as exc:  # reported, not fatal to the soak
             run.error = f"{type(exc).__name__}: {exc}"
 
     async def keep_running_events(self, nc: nats.NATS) -> None:
@@ -412,7 +412,7 @@ class Soak:
                 try:
                     console = await ask(nc, subjects.LEDGER_CONSOLE, {"runId": run.run_id})
                     statuses[run.run_id] = console["run"]["cleanupStatus"]
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     statuses[run.run_id] = f"unknown ({type(exc).__name__})"
             if all(statuses.get(run.run_id) == "complete" for run in ended) or time.monotonic() > deadline:
                 return statuses
@@ -447,7 +447,7 @@ class Soak:
         finally:
             try:
                 await sub.unsubscribe()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
         missing = [i for i in range(expect) if not seen[i]][:20]
         return stored, duplicates + beyond, missing
@@ -471,7 +471,7 @@ class Soak:
                     try:
                         await ask(cmd_nc, subjects.command(self.shard, "item.catalog"), {}, timeout=1.0)
                         break
-                    except Exception:  # noqa: BLE001
+                    except Exception:
                         await asyncio.sleep(0.1)
             print(f"shard {self.shard} connected to {self.stack.shard_addr}; load for "
                   f"{WARMUP_S:.0f} s warm-up + {self.minutes:g} min", flush=True)
@@ -515,7 +515,7 @@ class Soak:
             for client in (cmd_nc, raw_nc, run_nc):
                 try:
                     await client.close()
-                except Exception:  # noqa: BLE001
+                except Exception:
                     pass
             if self.echo is not None:
                 embedded.stop_process(self.echo)
@@ -533,10 +533,10 @@ class Soak:
         # (start-up caches fill in the first minutes; a leak keeps climbing).
         half = self.samples[len(self.samples) // 2:]
         if end_sample is not half[-1]:
-            half = half + [end_sample]
+            half = [*half, end_sample]
         span_min = (half[-1]["t_s"] - half[0]["t_s"]) / 60
         slope = {name: round((half[-1]["rss_mb"].get(name, 0) - half[0]["rss_mb"].get(name, 0)) / span_min, 2)
-                 for name in system + ["driver"]} if span_min > 0 else {}
+                 for name in [*system, "driver"]} if span_min > 0 else {}
         c50, c99 = percentiles(self.commands.after(self.warm_at))
         r50, r99 = percentiles(self.raw.after(self.warm_at))
         expected = {key for run in self.runs if run.ended for key in run.resources}

@@ -32,13 +32,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import aiohttp  # noqa: E402
-import nats  # noqa: E402
+import aiohttp
+import gateway as gateway_bench  # bench/gateway.py: its process and timing helpers
+import nats
+import web_feed  # bench/web_feed.py: the door's process, and the feed's phase
 
-import gateway as gateway_bench  # noqa: E402  (bench/gateway.py: its process and timing helpers)
-import web_feed  # noqa: E402  (bench/web_feed.py: the door's process, and the feed's phase)
-from shardbus import embedded  # noqa: E402
-from shared import subjects  # noqa: E402
+from shardbus import embedded
+from shared import subjects
 
 WEB_TOKEN = "bench-web-token-0000"
 CALLERS = 16
@@ -87,7 +87,7 @@ async def routes(nats_url: str, shard_port: int, web_port: int) -> dict[str, flo
                     f"{prefix}route_p99_ms": round(best["http"][2], 3),
                     f"{prefix}route_p50_ratio": round(best["http"][1] / best["nats"][1], 3),
                     f"{prefix}route_p50_ratios_each_round": [
-                        round(h[1] / n[1], 3) for h, n in zip(results["http"], results["nats"])],
+                        round(h[1] / n[1], 3) for h, n in zip(results["http"], results["nats"], strict=True)],
                 })
     finally:
         embedded.stop_process(sim)

@@ -36,14 +36,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import asyncpg  # noqa: E402
-import httpx  # noqa: E402
-import nats  # noqa: E402
+import asyncpg
+import httpx
+import ledger as ledger_bench  # bench/ledger.py: its ledger process
+import nats
+import web_feed  # bench/web_feed.py: a free port
 
-import ledger as ledger_bench  # noqa: E402  (bench/ledger.py: its ledger process)
-import web_feed  # noqa: E402  (bench/web_feed.py: a free port)
-from shardbus import embedded  # noqa: E402
-from shared import subjects  # noqa: E402
+from shardbus import embedded
+from shared import subjects
 
 WEB_TOKEN = "bench-console-website-0000"
 OPERATOR_TOKEN = "bench-console-operator-0000"
@@ -73,7 +73,8 @@ async def fill(db_url: str, runs: int) -> None:
             INSERT INTO runs (run_id, shard, event, status, cleanup_status, created_at, updated_at, ended_at,
                               starts_at, ends_at)
             SELECT 'b' || g, 'uo' || (1 + g % 8), (ARRAY['invasion', 'festival', 'hunt'])[1 + g % 3],
-                   (ARRAY['completed', 'completed', 'completed', 'cancelled', 'failed', 'running', 'scheduled'])[1 + g % 7],
+                   (ARRAY['completed', 'completed', 'completed', 'cancelled', 'failed', 'running',
+                          'scheduled'])[1 + g % 7],
                    CASE WHEN g % 500 = 0 THEN 'incomplete' ELSE 'complete' END,
                    timestamptz '2026-01-01 00:00:00+00' + g * interval '1 minute', now(), NULL,
                    CASE WHEN g % 10 <> 0 THEN 1767225600000 + g::bigint * 60000 END,
@@ -107,7 +108,7 @@ def start_door(workdir: Path, nats_url: str, port: int) -> subprocess.Popen:
 
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def measure(nats_url: str, port: int, requests: int) -> dict[str, dict[str, float]]:

@@ -38,13 +38,13 @@ from urllib.parse import urlencode
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import nats  # noqa: E402
-from nats.js.api import StreamConfig  # noqa: E402
-from nats.js.errors import BadRequestError  # noqa: E402
-from websockets.asyncio.client import connect  # noqa: E402
+import nats
+from nats.js.api import StreamConfig
+from nats.js.errors import BadRequestError
+from websockets.asyncio.client import connect
 
-from shardbus import embedded  # noqa: E402
-from shared import subjects  # noqa: E402
+from shardbus import embedded
+from shared import subjects
 
 TOKEN = "bench-feed-token-0000"
 """The website token of the door this benchmark starts."""

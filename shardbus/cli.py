@@ -1,6 +1,6 @@
 """The ``shardbus`` command: ``up``, ``run SERVICE``, ``migrate``, ``healthcheck SERVICE``,
-``status`` (``shardbus/status.py``), and the commands each service adds in its own
-``commands.py`` (``register(subparsers)``).
+``status`` (``shardbus/status.py``), and the commands a service adds in its own
+``commands.py`` (``register(subparsers)``, named in ``shardbus/registry.py``).
 
 Run in a directory where ``shardbus up`` runs, every command but ``up`` takes the addresses and
 tokens ``up`` wrote to ``.shardbus/env`` (``shardbus/stack_env.py``); variables set in the
@@ -14,11 +14,6 @@ ends within :data:`STOP_TIMEOUT_S` of SIGTERM or Ctrl-C, whatever NATS does mean
 
 from __future__ import annotations
 
-DESCRIPTION = ("The bridge between game shards and their communities' websites, over NATS: run the whole "
-               "system (up), one service (run), the ledger's migrations (migrate), and ask what is running "
-               "(status).")
-"""What ``shardbus --help`` says first: plain text (the docstring above is for readers of the code)."""
-
 import argparse
 import asyncio
 import importlib
@@ -27,11 +22,16 @@ import os
 import signal
 import sys
 import threading
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-SERVICES = ("gateway", "ledger", "cleanup", "installer", "web")
-"""The services ``shardbus run`` can start."""
+from shardbus import registry
+
+DESCRIPTION = ("The bridge between game shards and their communities' websites, over NATS: run the whole "
+               "system (up), one service (run), the ledger's migrations (migrate), and ask what is running "
+               "(status).")
+"""What ``shardbus --help`` says first: plain text (the docstring above is for readers of the code)."""
 
 STOP_TIMEOUT_S = 8.0
 """A service ends at most this long after SIGTERM (or SIGINT), NATS away or not: its stop
@@ -201,7 +201,7 @@ def _nats_error(exc: BaseException, *, away_only: bool = False) -> bool:
     if not away_only:
         return isinstance(exc, nats.errors.Error)
     if isinstance(exc, nats.js.errors.APIError) and not isinstance(exc, nats.js.errors.ServiceUnavailableError):
-        return exc.code == 503
+        return exc.code == HTTPStatus.SERVICE_UNAVAILABLE
     return isinstance(exc, (nats.errors.NoServersError, nats.errors.ConnectionClosedError,
                             nats.errors.StaleConnectionError, nats.errors.NoRespondersError,
                             nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError,
@@ -222,16 +222,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     settings = CommonSettings()
     logs.configure(args.service, settings.log_level)
     log = logging.getLogger("shardbus")
-    app_module = importlib.import_module(f"services.{args.service}.app")
+    app_module_name, _, create_app = registry.get(args.service).app.partition(":")
+    app_module = importlib.import_module(app_module_name)
     deadline = StopDeadline(args.service)
     try:
         # A service may name its event loop (the web door runs on uvloop: its HTTP parsing and
         # socket writes are most of its CPU).
         with asyncio.Runner(loop_factory=getattr(app_module, "LOOP_FACTORY", None)) as runner:
-            runner.run(serve(app_module.create_app(), deadline))
+            runner.run(serve(getattr(app_module, create_app)(), deadline))
     except KeyboardInterrupt:
         pass
-    except Exception as exc:  # noqa: BLE001 — sorted below; anything else is re-raised
+    except Exception as exc:  # sorted below; anything else is re-raised
         if deadline.armed and _nats_error(exc):  # NATS gone while stopping
             log.warning("stopped without a clean NATS drain", extra={"reason": repr(exc)})
         elif _nats_error(exc, away_only=True):  # e.g. JetStream away while the installer starts
@@ -259,7 +260,7 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
     url = args.database_url or LedgerSettings().database_url
     try:
         revision = asyncio.run(migrate.upgrade(url))
-    except Exception as exc:  # noqa: BLE001 — an outage is a sentence; anything else a traceback
+    except Exception as exc:  # an outage is a sentence; anything else a traceback
         if not is_outage(exc):
             raise
         print(f"cannot reach the database at {safe_url(url)} ({type(exc).__name__}); nothing was "
@@ -308,7 +309,7 @@ def build_parser(stack: Any = None) -> argparse.ArgumentParser:
     up.set_defaults(func=_cmd_up)
 
     run = sub.add_parser("run", help="run one service against SHARDBUS_NATS_URL / SHARDBUS_DATABASE_URL")
-    run.add_argument("service", choices=SERVICES)
+    run.add_argument("service", choices=registry.NAMES)
     run.set_defaults(func=_cmd_run)
 
     mig = sub.add_parser("migrate", help="bring the ledger database to the newest schema")
@@ -316,21 +317,16 @@ def build_parser(stack: Any = None) -> argparse.ArgumentParser:
     mig.set_defaults(func=_cmd_migrate)
 
     health = sub.add_parser("healthcheck", help="exit 0 when this container's service is healthy")
-    health.add_argument("service", choices=SERVICES)
+    health.add_argument("service", choices=registry.NAMES)
     health.set_defaults(func=_cmd_healthcheck)
 
     from shardbus import status
 
     status.register(sub)
 
-    for service in SERVICES:
-        try:
-            commands = importlib.import_module(f"services.{service}.commands")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"services.{service}.commands":
-                raise
-            continue
-        commands.register(sub)
+    for service in registry.SERVICES:
+        if service.commands:
+            importlib.import_module(service.commands).register(sub)
     from simulator import cli as simulator_cli
 
     simulator_cli.register(sub)

@@ -21,6 +21,7 @@ import urllib.request
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 PG_SYSTEM_USER = "embedded_postgres"
 """PostgreSQL refuses to run as root; as root we run it as this system user."""
@@ -41,7 +42,8 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nothing listens on right now."""
     with socket.socket() as sock:
         sock.bind((host, 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -56,7 +58,7 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         return True
 
 
-def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+def stop_process(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
     """Signal ``proc``, wait up to ``timeout``, then kill it; returns its exit code."""
     if proc.poll() is None:
         proc.send_signal(sig)
@@ -85,7 +87,7 @@ def nats_server_binary() -> str:
 class NatsServer:
     """A running nats-server with JetStream."""
 
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     url: str
     store_dir: Path
     port: int
@@ -132,12 +134,11 @@ def _launch(args: list[str], state_dir: Path, log_name: str, timeout: float, *, 
     ports_dir = state_dir / "ports"
     ports_dir.mkdir(parents=True, exist_ok=True)
     log_path = state_dir / log_name
-    log = open(log_path, "ab")
     # Own session: a Ctrl-C meant for ``shardbus up`` must not stop the server before the
     # services that use it; ``up`` stops it last.
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, preexec_fn=_die_with_parent)
-    log.close()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=_die_with_parent)
     ports_file = ports_dir / f"{Path(args[0]).name}_{proc.pid}.ports"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -313,7 +314,7 @@ def _pg_user() -> str | None:
     return PG_SYSTEM_USER
 
 
-def _run_as(user: str | None, cwd: Path) -> dict:
+def _run_as(user: str | None, cwd: Path) -> dict[str, Any]:
     """subprocess options that run a command as ``user`` (its group too, no root groups)."""
     if user is None:
         return {"cwd": cwd}
@@ -337,7 +338,7 @@ def _let_user_reach(path: Path, user: str) -> None:
 class PostgresServer:
     """A running PostgreSQL listening on 127.0.0.1:``port``, trust auth, user ``postgres``."""
 
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     pgdata: Path
     port: int
 
@@ -347,9 +348,13 @@ class PostgresServer:
 
     def create_database(self, name: str) -> None:
         """Create ``name`` if it does not exist yet."""
+        # The name is a psql variable, quoted by psql as a literal (:'name'); psql interpolates
+        # variables in what it reads, not in -c, hence the query on stdin (ON_ERROR_STOP: an
+        # SQL error is a failed run, as with -c).
         exists = subprocess.run(
             [str(_pg_bin() / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
-             "-tAc", f"SELECT 1 FROM pg_database WHERE datname = '{name}'"],
+             "-v", "ON_ERROR_STOP=1", "-v", f"name={name}", "-tA"],
+            input="SELECT 1 FROM pg_database WHERE datname = :'name';\n",
             check=True, capture_output=True, text=True).stdout.strip()
         if exists != "1":
             subprocess.run([str(_pg_bin() / "createdb"), "-h", "127.0.0.1", "-p", str(self.port),
@@ -378,17 +383,16 @@ def start_postgres(pgdata: Path, *, port: int = 0, durable: bool = True,
     last_error = ""
     for _attempt in range(5):
         chosen = port or free_port()
-        log = open(pgdata.parent / f"{pgdata.name}.log", "ab")
-        proc = subprocess.Popen([str(bin_dir / "postgres"), "-D", str(pgdata), "-p", str(chosen), *settings],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, preexec_fn=_die_with_parent,
-                                **_run_as(user, pgdata))
-        log.close()
+        with open(pgdata.parent / f"{pgdata.name}.log", "ab") as log:
+            proc = subprocess.Popen([str(bin_dir / "postgres"), "-D", str(pgdata), "-p", str(chosen), *settings],
+                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, preexec_fn=_die_with_parent,
+                                    **_run_as(user, pgdata))
         server = PostgresServer(proc, pgdata, chosen)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and proc.poll() is None:
             ready = subprocess.run([str(bin_dir / "pg_isready"), "-h", "127.0.0.1", "-p", str(chosen),
-                                    "-U", "postgres", "-t", "1"], capture_output=True)
+                                    "-U", "postgres", "-t", "1"], capture_output=True, check=False)
             if ready.returncode == 0:
                 return server
             time.sleep(0.05)

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import importlib
-
 from pydantic_settings import BaseSettings
 
+from shardbus import registry
 from shared.settings import ENV_PREFIX, CommonSettings
-
-SETTINGS_CLASSES = {
-    "gateway": "services.gateway.settings:GatewaySettings",
-    "ledger": "services.ledger.settings:LedgerSettings",
-    "cleanup": "services.cleanup.settings:CleanupSettings",
-    "installer": "services.installer.settings:InstallerSettings",
-    "web": "services.web.settings:WebSettings",
-}
-"""Where each service's settings class lives."""
 
 
 def settings_class(service: str) -> type[BaseSettings]:
-    """The settings class of ``service``."""
-    module, _, name = SETTINGS_CLASSES[service].partition(":")
-    return getattr(importlib.import_module(module), name)
+    """The settings class of ``service`` (its ``settings`` in :mod:`shardbus.registry`)."""
+    path = registry.get(service).settings
+    cls = registry.load(path)
+    if not (isinstance(cls, type) and issubclass(cls, BaseSettings)):
+        raise TypeError(f"{path} is not a settings class")
+    return cls
 
 
 def all_settings() -> dict[str, list[tuple[str, object, str]]]:
@@ -31,7 +24,7 @@ def all_settings() -> dict[str, list[tuple[str, object, str]]]:
     rows: dict[str, list[tuple[str, object, str]]] = {}
     for name, field in CommonSettings.model_fields.items():
         rows[ENV_PREFIX + name.upper()] = [("all", field.default, field.description or "")]
-    for service in SETTINGS_CLASSES:
+    for service in registry.NAMES:
         for name, field in settings_class(service).model_fields.items():
             env = ENV_PREFIX + name.upper()
             entries = rows.setdefault(env, [])

@@ -28,12 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from shardbus import embedded, stack_env
+from shardbus import embedded, registry, stack_env
 from shardbus.cli import STOP_TIMEOUT_S
 from shared.broker import health_file_is_fresh
-
-SERVICES = ("gateway", "ledger", "cleanup", "installer", "web")
-"""Every service, in start order."""
 
 DATABASE = "shardbus"
 """The database the embedded PostgreSQL keeps the ledger in."""
@@ -100,7 +97,7 @@ class Waiting:
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> "Waiting":
+    def __enter__(self) -> Waiting:
         if self.say is not None:
             self._thread = threading.Thread(target=self._run, daemon=True, name="up-waiting")
             self._thread.start()
@@ -131,12 +128,17 @@ def notice_after_s() -> float:
         return WAIT_NOTICE_S
 
 
+def one_each() -> dict[str, int]:
+    """One process per service (:data:`shardbus.registry.SERVICES`, in start order): the default."""
+    return dict.fromkeys(registry.NAMES, 1)
+
+
 def parse_replicas(spec: str) -> dict[str, int]:
     """``gateway=2,cleanup=3`` → processes per service (services not named run once).
 
     Raises ValueError naming what is wrong: an unknown service, a count that is not a
     positive integer, a service named twice, or a malformed item."""
-    counts = {service: 1 for service in SERVICES}
+    counts = one_each()
     seen: set[str] = set()
     for item in (part.strip() for part in spec.split(",")):
         if not item:
@@ -145,7 +147,7 @@ def parse_replicas(spec: str) -> dict[str, int]:
         if not sep:
             raise ValueError(f"{item!r} is not SERVICE=COUNT (e.g. gateway=2)")
         if service not in counts:
-            raise ValueError(f"unknown service {service!r}: choose from {', '.join(SERVICES)}")
+            raise ValueError(f"unknown service {service!r}: choose from {', '.join(registry.NAMES)}")
         if service in seen:
             raise ValueError(f"{service} is named twice")
         if not count.isdigit() or int(count) < 1:
@@ -164,7 +166,7 @@ class Child:
     env: dict[str, str]
     log_path: Path
     health_path: Path
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
 
     @property
@@ -186,7 +188,7 @@ class Stack:
 
     state_dir: Path
     shard_port: int = 0
-    replicas: dict[str, int] = field(default_factory=lambda: {service: 1 for service in SERVICES})
+    replicas: dict[str, int] = field(default_factory=one_each)
     nats_nodes: int = 1
     nats_port: int = 0
     nats_ws_port: int = 0
@@ -219,7 +221,7 @@ class Stack:
         """Take the state directory, or raise AlreadyRunning. Tries for ``wait_s``: a command
         checking whether a stack runs here (``stack_env.holder``) holds the lock for an instant."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        lock = open(self.state_dir / stack_env.LOCK_FILE, "a+")
+        lock = open(self.state_dir / stack_env.LOCK_FILE, "a+")  # noqa: SIM115 — held (locked) while the stack runs
         deadline = time.monotonic() + wait_s
         while True:
             try:
@@ -365,7 +367,7 @@ class Stack:
             "SHARDBUS_WEB_OPERATOR_TOKEN": self.web_operator_token,
             "SHARDBUS_WEB_DEFAULT_SHARD": SIMULATOR_SHARD,
         }
-        for service in SERVICES:
+        for service in registry.NAMES:
             for index in range(1, self.replicas[service] + 1):
                 name = f"{service}-{index}"
                 env = {**base, "SHARDBUS_HEALTH_FILE": str(run / f"{name}.health")}
@@ -381,7 +383,7 @@ class Stack:
     def describe(self) -> str:
         """``gateway×2, ledger, …``: what runs, for the ready line."""
         return ", ".join(service if self.replicas[service] == 1 else f"{service}×{self.replicas[service]}"
-                         for service in SERVICES)
+                         for service in registry.NAMES)
 
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -479,7 +481,7 @@ def up(state_dir: Path, shard_port: int = 0, replicas: dict[str, int] | None = N
     """Run the embedded stack in the foreground until Ctrl-C or SIGTERM: ``replicas``
     processes per service (default one each), on one nats-server or a cluster of
     ``nats_nodes``; a port given (non-zero) must be free."""
-    stack = Stack(state_dir.resolve(), shard_port, replicas or {service: 1 for service in SERVICES},
+    stack = Stack(state_dir.resolve(), shard_port, replicas or one_each(),
                   nats_nodes, nats_port=nats_port, nats_ws_port=nats_ws_port, web_port=web_port,
                   postgres_port=postgres_port, say=_say)
     try:
@@ -509,7 +511,7 @@ def up(state_dir: Path, shard_port: int = 0, replicas: dict[str, int] | None = N
                 print(f"restarted {name}", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         print("\nstopping …", flush=True)
-    except Exception as exc:  # a start failure: say what, then stop what did start
+    except Exception as exc:  # noqa: BLE001 — any start failure: say what, then stop what did start
         print(f"error: {exc}", file=sys.stderr, flush=True)
         rc = 1
     finally:

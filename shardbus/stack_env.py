@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,7 +83,7 @@ def holder(directory: Path) -> int | None:
     A running ``up`` holds an exclusive lock on ``up.lock``; a shared lock we can take means
     nobody holds it (we release it at once; ``up`` retries its own lock briefly for that)."""
     try:
-        lock = open(directory / LOCK_FILE)
+        lock = open(directory / LOCK_FILE)  # noqa: SIM115 — closed by the with below; only open's OSError means no lock
     except OSError:
         return None
     with lock:
@@ -129,12 +130,12 @@ def find(cwd: Path | None = None) -> StackEnv | None:
     return StackEnv(path.resolve(), parse(text), holder(directory))
 
 
-def apply(stack: StackEnv, environ: dict[str, str] | None = None) -> set[str]:
+def apply(stack: StackEnv, environ: MutableMapping[str, str] | None = None) -> set[str]:
     """Give the environment the settings the file holds and the environment does not: an
     explicitly set variable wins. Returns (and records) the settings taken from the file."""
-    environ = os.environ if environ is None else environ  # type: ignore[assignment]
+    env: MutableMapping[str, str] = os.environ if environ is None else environ
     for key, setting in SETTINGS.items():
-        if key in stack.values and not environ.get(setting):
-            environ[setting] = stack.values[key]
+        if key in stack.values and not env.get(setting):
+            env[setting] = stack.values[key]
             stack.applied.add(setting)
     return stack.applied

@@ -29,10 +29,10 @@ import contextlib
 import json
 import sys
 import time
+from http import HTTPStatus
 from typing import Any
 
-SERVICES = ("gateway", "ledger", "cleanup", "installer", "web")
-"""The services shown even when no replica answers (0 replicas is the news)."""
+from shardbus import registry
 
 DEFAULT_WAIT_S = 1.0
 """How long replies of every replica are gathered: a replica slower than this is not counted."""
@@ -48,11 +48,12 @@ OVERDUE_LIMIT = 20
 
 
 def _replicas(pings: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Ping replies grouped by service, each replica once (by host and pid)."""
-    found: dict[str, dict[tuple[str, str], dict[str, Any]]] = {name: {} for name in SERVICES}
+    """Ping replies grouped by service, each replica once (by host and pid); every service of
+    the registry is there, with no replica when none answered (0 replicas is the news)."""
+    found: dict[str, dict[tuple[str, str], dict[str, Any]]] = {name: {} for name in registry.NAMES}
     for reply in pings:
         service = reply.get("service")
-        if reply.get("status") != 200 or not isinstance(service, str):
+        if reply.get("status") != HTTPStatus.OK or not isinstance(service, str):
             continue
         replica = {"host": reply.get("host"), "pid": reply.get("pid"), "uptimeS": reply.get("uptime_s")}
         found.setdefault(service, {})[(str(replica["host"]), str(replica["pid"]))] = replica
@@ -62,7 +63,7 @@ def _replicas(pings: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 def _shards(answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every shard every gateway replica holds (a shard is held by one replica at a time)."""
-    shards = [shard for answer in answers if answer.get("status") == 200
+    shards = [shard for answer in answers if answer.get("status") == HTTPStatus.OK
               for shard in answer.get("shards") or [] if isinstance(shard, dict)]
     return sorted(shards, key=lambda s: str(s.get("shard")))
 
@@ -83,7 +84,9 @@ async def _streams(nc: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
 async def _ask_ledger(nc: Any, subject: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     """The ledger's 200 reply to one request, or a RuntimeError quoting its answer."""
     reply = json.loads((await nc.request(subject, json.dumps(body).encode(), timeout=timeout_s)).data)
-    if reply.get("status") != 200:
+    if not isinstance(reply, dict):
+        raise RuntimeError(f"{subject} answered {type(reply).__name__}, not an object")
+    if reply.get("status") != HTTPStatus.OK:
         raise RuntimeError(f"{subject} answered {reply.get('status')}: {reply.get('error')}")
     return reply
 
@@ -115,12 +118,11 @@ async def gather(nats_url: str, wait_s: float = DEFAULT_WAIT_S) -> dict[str, Any
     itself cannot be reached; every other failure lands in ``errors``."""
     import nats
 
+    from shardbus.cli import quiet
     from shared import subjects
     from shared.logs import redact
     from shared.nats_connect import connection_name, inbox_prefix
     from shared.scatter_gather import scatter_gather
-
-    from shardbus.cli import quiet
 
     servers = [url.strip() for url in nats_url.split(",") if url.strip()]
     nc = await nats.connect(servers, name=connection_name("status"), inbox_prefix=inbox_prefix(servers),
@@ -130,7 +132,7 @@ async def gather(nats_url: str, wait_s: float = DEFAULT_WAIT_S) -> dict[str, Any
     async def part(name: str, job: Any, fallback: Any) -> Any:
         try:
             return await job
-        except Exception as exc:  # one unreadable part must not hide the others
+        except Exception as exc:  # noqa: BLE001 — one unreadable part must not hide the others
             errors.append(f"{name}: {redact(str(exc)) or type(exc).__name__}")
             return fallback
 
@@ -165,7 +167,7 @@ async def gather(nats_url: str, wait_s: float = DEFAULT_WAIT_S) -> dict[str, Any
 def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
     cells = [headers] + [["" if v is None else str(v) for v in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    return ["  ".join(value.ljust(width) for value, width in zip(row, widths)).rstrip() for row in cells]
+    return ["  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)).rstrip() for row in cells]
 
 
 def _ago(ms: Any, now_s: float) -> str:

@@ -20,7 +20,7 @@ import os
 import re
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -42,6 +42,10 @@ def connection_name(service: str) -> str:
     return f"shardbus-{service}@{socket.gethostname()}:{os.getpid()}"
 
 
+MAX_DOUBLINGS = 1023
+"""The most times :class:`BackOff` doubles its first wait (``2.0 ** 1023`` is a float's largest power of two)."""
+
+
 class BackOff:
     """Picks the least-tried server and waits ``first · 2^(tries-1)`` seconds, at most ``cap``."""
 
@@ -52,14 +56,15 @@ class BackOff:
 
     def delay(self, tries: int) -> float:
         """Seconds to wait before the next attempt at a server tried ``tries`` times."""
-        return min(self.cap_s, self.first_s * (2 ** max(0, tries - 1)))
+        # 2.0 ** 1024 overflows a float; the cap is reached long before, so the exponent stops there.
+        return min(self.cap_s, self.first_s * 2.0 ** min(max(0, tries - 1), MAX_DOUBLINGS))
 
     def __call__(self, servers: list[Any], _info: dict[str, Any]) -> tuple[Any, float]:
         server = min(servers, key=lambda s: s.reconnects)
         return server, self.delay(server.reconnects)
 
 
-def inbox_prefix(servers: list[str] | str) -> str:
+def inbox_prefix(servers: Sequence[str] | str) -> str:
     """Where a connection hears its replies: ``_INBOX_<user>`` when the URL names a user
     (``nats://gateway:…@nats:4222`` -> ``_INBOX_gateway``), else NATS's shared ``_INBOX``.
     deploy/nats/nats.conf lets each user subscribe under its own prefix only, so no other user
@@ -73,7 +78,7 @@ def inbox_prefix(servers: list[str] | str) -> str:
 
 
 def connect_options(service: str, first_wait_s: float = 1.0, max_wait_s: float = 10.0,
-                    servers: list[str] | str = ()) -> dict[str, Any]:
+                    servers: Sequence[str] | str = ()) -> dict[str, Any]:
     """Options for ``nats.connect`` or ``NatsBroker``: named, reconnecting for ever with back-off,
     hearing replies under the user's own inbox prefix (see :func:`inbox_prefix`)."""
     return {

@@ -3,15 +3,18 @@ integer ``status`` and either the result's fields or an ``error`` sentence."""
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-OK = 200
-BAD_REQUEST = 400
-NOT_FOUND = 404
-CONFLICT = 409
-UNAVAILABLE = 503
+# HTTPStatus is an IntEnum: a reply carrying one is sent as its plain number (json.dumps, and
+# pydantic's int fields, read it as the int).
+OK = HTTPStatus.OK
+BAD_REQUEST = HTTPStatus.BAD_REQUEST
+NOT_FOUND = HTTPStatus.NOT_FOUND
+CONFLICT = HTTPStatus.CONFLICT
+UNAVAILABLE = HTTPStatus.SERVICE_UNAVAILABLE
 
 
 class Reply(BaseModel):
@@ -25,14 +28,14 @@ class Reply(BaseModel):
     @property
     def ok(self) -> bool:
         """True for a 2xx status."""
-        return 200 <= self.status < 300
+        return HTTPStatus.OK <= self.status < HTTPStatus.MULTIPLE_CHOICES
 
     def to_dict(self) -> dict[str, Any]:
         """The reply as sent on the wire (no ``error`` key on success)."""
         return self.model_dump(exclude_none=True)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Reply":
+    def from_dict(cls, data: dict[str, Any]) -> Reply:
         """Read a reply received from the wire."""
         return cls.model_validate(data)
 

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import re
 
-SHARD_ID_PATTERN = r"[a-z0-9_-]{1,32}"
-"""What a shard id may look like; it becomes a subject token."""
-
-_SHARD_ID = re.compile(SHARD_ID_PATTERN)
-
-
-def is_shard_id(value: object) -> bool:
-    """True when ``value`` is a valid shard id (the whole string: ``$`` would let "uoa\n" by)."""
-    return isinstance(value, str) and _SHARD_ID.fullmatch(value) is not None
-
+# Every id pattern is defined once, in shared/contracts/ids.py; these names are kept for the
+# modules that build subjects from them.
+from shared.contracts.ids import LEDGER_ID_PATTERN as LEDGER_ID_PATTERN
+from shared.contracts.ids import MODULE_ID_PATTERN as MODULE_ID_PATTERN
+from shared.contracts.ids import REQUEST_ID_PATTERN as REQUEST_ID_PATTERN
+from shared.contracts.ids import SHARD_ID_PATTERN as SHARD_ID_PATTERN
+from shared.contracts.ids import is_shard_id as is_shard_id
 
 KIND_PATTERN = r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*"
 """What a frame kind or command verb may look like: it becomes a subject's tail."""
@@ -116,11 +113,6 @@ PING = "shardbus.ping"
 
 LEDGER_QUEUE = "ledger"
 """Queue group of every ledger request subject: replicas share the work."""
-
-LEDGER_ID_PATTERN = r"[A-Za-z0-9_-]{1,64}"
-"""What a run id and a module name may look like in the ledger (and in cleanup, the web door):
-each becomes a subject token (``ledger.events.run.<runId>``, ``ledger.expired.<module>``).
-Match it with ``re.fullmatch`` (``$`` would let "uo\\n" by)."""
 
 LEDGER_RUN_CREATE = "ledger.run.create"
 """Request: create an event run (idempotent on its runId)."""
@@ -252,13 +244,6 @@ INSTALLER_LIST = "installer.list"
 
 INSTALLER_EVENTS = "installer.events"
 """Event after every change: ``{type: installed|upgraded|removed, module, previous?}``."""
-
-REQUEST_ID_PATTERN = r"[A-Za-z0-9_-]{1,64}"
-"""What an install's ``requestId`` may look like; it becomes a subject token."""
-
-MODULE_ID_PATTERN = r"[a-z0-9][a-z0-9_-]{0,63}"
-"""What an installed module's id may look like: it names the module's directory and its NATS
-subjects. Match it with ``re.fullmatch``."""
 
 
 def installer_progress(request_id: str) -> str:

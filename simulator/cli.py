@@ -34,7 +34,7 @@ def _cmd_shard_sim(args: argparse.Namespace) -> int:
     return 1
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``shard-sim`` to the ``shardbus`` command."""
     sim = subparsers.add_parser("shard-sim", help="run a simulated shard (protocol 7) against a gateway; "
                                                   "the token is read from SHARDBUS_SHARD_TOKEN")

@@ -180,7 +180,9 @@ class ShardSimulator:
             if self.answer_pings and self._writer:
                 self._writer.write(_line({"t": _now_ms(), "kind": "gateway.pong"}))
         elif kind == "frame.ack":
-            self.unacked.pop(message.get("seq"), None)
+            seq = message.get("seq")  # the gateway's ack: an int (%d)
+            if isinstance(seq, int):
+                self.unacked.pop(seq, None)
             if not self.unacked:
                 self._acked.set()
         elif kind == "news.add":
@@ -189,6 +191,11 @@ class ShardSimulator:
             self.refused = str(message.get("reason"))
         else:
             self.received.append(message)
+
+    @property
+    def in_flight(self) -> int:
+        """Commands with an idempotency key taken but not yet carried out (in their answer delay)."""
+        return len(self._in_flight)
 
     def _command_now(self, verb: str, body: dict[str, Any]) -> None:
         """A command answered in this turn of the event loop (no delay configured)."""
@@ -254,8 +261,9 @@ class ShardSimulator:
 
     def _flush_answers(self) -> None:
         lines, self._outbox = self._outbox, []
-        if lines and self.connected:
-            self._writer.write(b"".join(lines))
+        writer = self._writer
+        if lines and writer is not None and not writer.is_closing():  # self.connected
+            writer.write(b"".join(lines))
 
     async def _lease_clock(self) -> None:
         """The shard restores a lease's baseline at its deadline whether or not anyone asks

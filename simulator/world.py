@@ -161,7 +161,7 @@ class ShardWorld:
         """Carry out one command; the shard's answer (None for a verb no seed route reaches)."""
         if verb not in VERBS:
             return None
-        handler = getattr(self, "_" + verb.replace(".", "_"))
+        handler: Callable[[dict[str, Any]], dict[str, Any]] = getattr(self, "_" + verb.replace(".", "_"))
         kind, extra = _error_kind(verb)
         try:
             if kind in ("lease.error", "participation.error", "world.error", "oneshot.error") \
@@ -174,9 +174,10 @@ class ShardWorld:
     # leases (S004:1131-1196)
 
     def _offered(self, key: Any) -> tuple[str, bool]:
+        """``key``, a lease key this shard offers, and whether it is targeted; else the refusal."""
         if not isinstance(key, str) or key not in self.catalog:
             raise Refusal("lease.error", f"no lease is offered for key '{key}'")
-        return self.catalog[key]
+        return key, self.catalog[key][1]
 
     def _lease_list(self, body: dict[str, Any]) -> dict[str, Any]:
         key, target = body.get("key"), body.get("target")
@@ -211,8 +212,8 @@ class ShardWorld:
         return row
 
     def _lease_apply(self, body: dict[str, Any]) -> dict[str, Any]:
-        key, hold_ms = body.get("key"), body.get("holdMs")
-        _, targeted = self._offered(key)
+        key, targeted = self._offered(body.get("key"))
+        hold_ms = body.get("holdMs")
         if isinstance(hold_ms, bool) or not isinstance(hold_ms, int) or hold_ms <= 0:
             raise Refusal("lease.error", "a lease needs a positive holdMs")
         target = str(body.get("target") or "") if targeted else ""
@@ -229,8 +230,7 @@ class ShardWorld:
         return answer
 
     def _lease_release(self, body: dict[str, Any]) -> dict[str, Any]:
-        key = body.get("key")
-        _, targeted = self._offered(key)
+        key, targeted = self._offered(body.get("key"))
         target = str(body.get("target") or "") if targeted else ""
         expected, baseline = str(body.get("expected")), str(body.get("baseline"))
         current = self.value(key, target)
@@ -274,7 +274,8 @@ class ShardWorld:
     def _world_spawn(self, body: dict[str, Any]) -> dict[str, Any]:
         run_id, what, count = str(body.get("runId")), body.get("what"), body.get("count", 1)
         limit = self.spawn_ceiling if what in SPAWNABLE else 0
-        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= limit:
+        if not isinstance(what, str) or isinstance(count, bool) or not isinstance(count, int) \
+                or not 1 <= count <= limit:  # a what not spawnable has limit 0: refused either way
             shown = count if isinstance(count, int) and not isinstance(count, bool) else 0
             raise Refusal("world.error", f"this shard places 1 to {limit} of '{what}' at a time, "
                                          f"and {shown} was asked for", action="spawn")

@@ -1,28 +1,181 @@
 """Fixtures every test shares: a real nats-server and a real PostgreSQL, started once per
 test session on free ports (or the ones named by ``SHARDBUS_TEST_NATS_URL`` and
-``SHARDBUS_TEST_DATABASE_URL``), a fresh database per test, and service processes.
+``SHARDBUS_TEST_DATABASE_URL``), a fresh database per test (empty, or a copy of a database
+migrated once per session), and service processes.
 
 No mock stands in for NATS or PostgreSQL. Every process started here is stopped here, by
 its own handle; the servers also die with the test run if it is killed (PDEATHSIG).
+
+Every test is also given one cost marker here (docs/architecture.md, "The test suite"):
+``faults`` (tests/faults), ``system`` (starts service processes, ``shardbus`` commands or
+the stack), ``integration`` (talks to a real server, starts no process of ours) or ``unit``
+(neither). A guard fails a test that does more than its marker says.
 """
 
 from __future__ import annotations
 
+import ast
+import asyncio
+import inspect
 import os
 import shutil
+import sys
 import tempfile
+import textwrap
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import nats
 import pytest
 
+from services.ledger import migrate
 from shardbus import embedded
 from shared.database import normalise_url
 from tests.processes import ServiceProcesses
 
+# --- cost markers ----------------------------------------------------------------------------
+
+COST_MARKERS = ("unit", "integration", "system", "faults")
+
+SERVER_FIXTURES = frozenset({"nats_url", "postgres_admin_url", "database_url", "migrated_database_url",
+                             "ledger_template"})
+"""Fixtures that are (or start) a real server; every fixture using one has it in its closure."""
+
+PROCESS_FIXTURES = frozenset({"services"})
+"""Fixtures that start service processes."""
+
+SPAWNS_PROCESS = ("sys.executable", "ServiceProcesses(", "services.start(")
+"""Source text of a test (or of a fixture or same-module helper it uses) that starts a
+process of ours: ``python -m shardbus …``, a service, a ``-c`` script."""
+
+STARTS_SERVER = ("start_nats(", "start_nats_cluster(", "start_postgres(")
+"""Source text that starts a server of the test's own (a nats-server, a PostgreSQL)."""
+
+
+@cache
+def _module_functions(path: str) -> dict[str, ast.AST]:
+    """Top-level functions and classes of a test module or conftest, by name."""
+    try:
+        tree = ast.parse(Path(path).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    return {node.name: node for node in tree.body
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+
+
+def _names(node: ast.AST) -> set[str]:
+    """Every name and attribute name ``node`` refers to."""
+    found: set[str] = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            found.add(sub.id)
+        elif isinstance(sub, ast.Attribute):
+            found.add(sub.attr)
+    return found
+
+
+@cache
+def _reached_source(func: Any) -> str:
+    """The source of ``func`` and of every top-level function or class of its module that it
+    uses, directly or through another one."""
+    func = inspect.unwrap(func)
+    try:
+        path = inspect.getsourcefile(func)
+        source = textwrap.dedent(inspect.getsource(func))
+    except (OSError, TypeError):
+        return ""
+    if path is None:
+        return source
+    helpers = _module_functions(path)
+    texts = [source]
+    todo = list(_names(ast.parse(source)))
+    seen: set[str] = {getattr(func, "__name__", "")}
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in helpers:
+            continue
+        seen.add(name)
+        texts.append(ast.unparse(helpers[name]))
+        todo.extend(_names(helpers[name]))
+    return "\n".join(texts)
+
+
+def cost_of(item: pytest.Item) -> str:
+    """The cost marker of ``item``: see the module's docstring."""
+    parts = Path(str(item.path)).parts
+    if "faults" in parts and "tests" in parts:
+        return "faults"
+    if "system" in parts and "tests" in parts:
+        return "system"
+    names = set(getattr(item, "fixturenames", ()))
+    if names & PROCESS_FIXTURES:
+        return "system"
+    texts = [_reached_source(item.obj)] if hasattr(item, "obj") else []
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (info.name2fixturedefs.values() if info else ()):
+        for fixturedef in defs:  # the project's fixtures (not pytest's, not the guard below)
+            if fixturedef.func.__module__.startswith("tests.") and fixturedef.argname != "_cost_marker_guard":
+                texts.append(_reached_source(fixturedef.func))
+    text = "\n".join(texts)
+    if any(pattern in text for pattern in SPAWNS_PROCESS):
+        return "system"
+    if names & SERVER_FIXTURES or any(pattern in text for pattern in STARTS_SERVER):
+        return "integration"
+    return "unit"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give every test its cost marker (a test marked by hand keeps its own)."""
+    for item in items:
+        if not any(item.get_closest_marker(name) for name in COST_MARKERS):
+            item.add_marker(cost_of(item))
+
+
+# The guard: a process started during a test (set-up and tear-down included) is seen through
+# Python's audit hook for subprocess.Popen (asyncio's subprocesses go through it too). A `unit`
+# test may start none, an `integration` test no Python process (a service, `shardbus …`).
+_spawned: list[list[str]] | None = None
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if event == "subprocess.Popen" and _spawned is not None:
+        argv = args[1]
+        _spawned.append([os.fsdecode(a) for a in argv] if isinstance(argv, list | tuple) else [os.fsdecode(argv)])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    sys.addaudithook(_audit)
+
+
+def _ours(argv: list[str]) -> bool:
+    """Whether ``argv`` starts a Python program (a service, a ``shardbus`` command, a script)."""
+    program = Path(argv[0]).name if argv else ""
+    return program.startswith("python") or argv[0] == sys.executable or program in {"shardbus", "faststream"}
+
+
+@pytest.fixture(autouse=True)
+def _cost_marker_guard(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fails a test that starts more than its cost marker allows (a marker to fix in cost_of)."""
+    global _spawned
+    _spawned = spawned = []
+    try:
+        yield
+    finally:
+        _spawned = None
+    node = request.node
+    if node.get_closest_marker("unit") and spawned:
+        pytest.fail(f"marked unit but started {spawned[0]!r}: tests/conftest.py cost_of is wrong for it")
+    if node.get_closest_marker("integration") and any(_ours(argv) for argv in spawned):
+        started = next(argv for argv in spawned if _ours(argv))
+        pytest.fail(f"marked integration but started {started!r}: tests/conftest.py cost_of is wrong for it")
+
+
+# --- servers -----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="session")
 def servers_dir() -> Iterator[Path]:
@@ -66,22 +219,80 @@ def _plain(url: str) -> str:
     return url.replace("postgresql+asyncpg://", "postgresql://", 1)
 
 
+def _sibling(admin_url: str, name: str) -> str:
+    """The URL of database ``name`` on the server of ``admin_url``."""
+    base, _, _db = admin_url.rpartition("/")
+    return f"{base}/{name}"
+
+
+async def _admin(admin_url: str, statement: str) -> None:
+    """Run one statement (CREATE or DROP DATABASE) on the admin database."""
+    admin = await asyncpg.connect(_plain(admin_url), timeout=10)
+    try:
+        await admin.execute(statement)
+    finally:
+        await admin.close()
+
+
+async def _fresh_database(admin_url: str, template: str | None = None) -> str:
+    """Create a database (a copy of ``template``, else empty); its name."""
+    name = f"sbt_{uuid.uuid4().hex[:12]}"
+    await _admin(admin_url, f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+    return name
+
+
 @pytest.fixture
 async def database_url(postgres_admin_url: str) -> AsyncIterator[str]:
     """A fresh, empty database for this test only (dropped after), as a SQLAlchemy URL."""
-    name = f"sbt_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(_plain(postgres_admin_url), timeout=10)
+    name = await _fresh_database(postgres_admin_url)
+    yield _sibling(postgres_admin_url, name)
+    await _admin(postgres_admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _in_own_loop(coro: Any) -> Any:
+    """Run ``coro`` to its end on an event loop of its own thread (a session fixture's work,
+    kept off the event loop pytest-asyncio keeps for the tests)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+@pytest.fixture(scope="session")
+def ledger_template(postgres_admin_url: str) -> Iterator[str]:
+    """The name of a database migrated to the newest schema once for this session (one per
+    xdist worker), which ``migrated_database_url`` copies. Alembic disposes of its engine, so
+    no connection to it stays open: CREATE DATABASE … TEMPLATE needs none. Dropped at the end."""
+    name = f"sbt_tmpl_{uuid.uuid4().hex[:12]}"
+    _in_own_loop(_admin(postgres_admin_url, f'CREATE DATABASE "{name}"'))
     try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
+        revision = _in_own_loop(migrate.upgrade(_sibling(postgres_admin_url, name)))
+        assert revision == migrate.head_revision(), revision
+        yield name
     finally:
-        await admin.close()
-    base, _, _db = postgres_admin_url.rpartition("/")
-    yield f"{base}/{name}"
-    admin = await asyncpg.connect(_plain(postgres_admin_url), timeout=10)
+        _in_own_loop(_admin(postgres_admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+async def _own_identity(url: str) -> None:
+    """Give a copy of the template its own ``ledger_identity``: the migration draws one random
+    id per database (the prefix of its events' ``Nats-Msg-Id`` in a stream databases share), and
+    a copy would otherwise carry the template's, as every other copy does."""
+    conn = await asyncpg.connect(_plain(url), timeout=10)
     try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if await conn.fetchval("SELECT to_regclass('ledger_identity') IS NOT NULL"):
+            await conn.execute("UPDATE ledger_identity SET ledger_id = gen_random_uuid()")
     finally:
-        await admin.close()
+        await conn.close()
+
+
+@pytest.fixture
+async def migrated_database_url(postgres_admin_url: str, ledger_template: str) -> AsyncIterator[str]:
+    """A fresh database at the newest schema for this test only (a copy of the session's
+    migrated template with its own identity, dropped after), as a SQLAlchemy URL. Migration
+    tests, which start from an empty database, use ``database_url``."""
+    name = await _fresh_database(postgres_admin_url, template=ledger_template)
+    url = _sibling(postgres_admin_url, name)
+    await _own_identity(url)
+    yield url
+    await _admin(postgres_admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture

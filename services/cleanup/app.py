@@ -12,23 +12,24 @@ import logging
 import os
 import random
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from faststream import FastStream
+from faststream.nats import NatsBroker
 
 from services.cleanup.ledger_client import NO_LEDGER, LedgerClient, LedgerError
 from services.cleanup.port import NatsPort
 from services.cleanup.reconcile import Reconciler
-from services.cleanup.requests import ReconcileRequest, RetryRequest, SweepRequest, decode_body
 from services.cleanup.settings import CleanupSettings
 from services.cleanup.sweep import Limits, RunReport, Sweeper
 from shared import replies, subjects
 from shared.broker import add_health, make_app, make_broker
+from shared.contracts.cleanup import QUEUE, ReconcileRequest, RetryRequest, SweepRequest
+from shared.request_body import decode_body
 
 log = logging.getLogger("shardbus.cleanup")
-
-QUEUE = "cleanup-workers"
-"""The queue group every replica's request subscribers join."""
 
 JITTER = 0.1
 """Periods vary by ±10% so replicas started together drift apart."""
@@ -47,33 +48,51 @@ def _run_reply(report: RunReport) -> dict[str, Any]:
     return replies.fail(report.error_status, report.error, **({"run": run} if report.claimed else {}))
 
 
-def create_app(settings: CleanupSettings | None = None) -> FastStream:
-    """The cleanup service as a FastStream app: run it with ``shardbus run cleanup``."""
-    settings = settings or CleanupSettings()
-    broker = make_broker(settings, "cleanup")
-    app = make_app(broker, "cleanup")
-    built: dict[str, Any] = {}
-    one_sweep_at_a_time = asyncio.Lock()
-    tasks: list[asyncio.Task[None]] = []
+@dataclass(frozen=True)
+class _Built:
+    """The sweeper, and the reconciler sharing its connection and run → shard cache."""
 
-    def sweeper() -> Sweeper:
-        """The sweeper over the broker's own connection (built once it is connected)."""
-        if "sweeper" not in built:
-            port = NatsPort(broker.connection)
+    sweeper: Sweeper
+    reconciler: Reconciler
+
+
+class _Workers:
+    """The sweeper and the reconciler over the broker's own connection, built on first use
+    (once the broker is connected)."""
+
+    def __init__(self, broker: NatsBroker, settings: CleanupSettings) -> None:
+        self.broker, self.settings = broker, settings
+        self._built: _Built | None = None
+
+    def built(self) -> _Built:
+        if self._built is None:
+            settings = self.settings
+            port = NatsPort(self.broker.connection)
             ledger = LedgerClient(port, settings.ledger_timeout_s)
-            built["sweeper"] = Sweeper(port, ledger, Limits(
+            sweeper = Sweeper(port, ledger, Limits(
                 max_attempts=settings.max_attempts, batch_size=settings.sweep_batch_size,
                 runs_per_batch=settings.sweep_runs_per_batch, runs_in_flight=settings.sweep_runs_in_flight,
                 give_back_concurrency=settings.give_back_concurrency,
                 claim_timeout_s=settings.claim_timeout_s, command_timeout_s=settings.command_timeout_s,
                 away_backoff_s=settings.away_backoff_s, away_backoff_max_s=settings.away_backoff_max_s))
-            built["reconciler"] = Reconciler(port, ledger, built["sweeper"].shard_of, settings.command_timeout_s)
-        return built["sweeper"]
+            self._built = _Built(sweeper, Reconciler(port, ledger, sweeper.shard_of, settings.command_timeout_s))
+        return self._built
+
+
+def create_app(settings: CleanupSettings | None = None) -> FastStream:
+    """The cleanup service as a FastStream app: run it with ``shardbus run cleanup``."""
+    settings = settings or CleanupSettings()
+    broker = make_broker(settings, "cleanup")
+    app = make_app(broker, "cleanup")
+    workers = _Workers(broker, settings)
+    one_sweep_at_a_time = asyncio.Lock()
+    tasks: list[asyncio.Task[None]] = []
+
+    def sweeper() -> Sweeper:
+        return workers.built().sweeper
 
     def reconciler() -> Reconciler:
-        """The reconciler, sharing the sweeper's connection and run → shard cache."""
-        sweeper()
-        return built["reconciler"]
+        return workers.built().reconciler
 
     started = {"ledger_seen": False}
 
@@ -95,8 +114,10 @@ def create_app(settings: CleanupSettings | None = None) -> FastStream:
     async def sweep_now(request: SweepRequest) -> dict[str, Any]:
         """Sweep now: every candidate run, or only ``runId``."""
         if request.run_id is None:
-            report = await full_sweep("request")
-            return replies.fail(503, report["error"]) if report.get("error") else replies.ok(**report)
+            summary = await full_sweep("request")
+            if summary.get("error"):
+                return replies.fail(HTTPStatus.SERVICE_UNAVAILABLE, summary["error"])
+            return replies.ok(**summary)
         async with one_sweep_at_a_time:
             report = await sweeper().sweep_run(request.run_id)
         return _run_reply(report)
@@ -134,7 +155,7 @@ def create_app(settings: CleanupSettings | None = None) -> FastStream:
         while True:
             try:
                 done = await job()
-            except Exception:  # noqa: BLE001 — a periodic job must outlive any one failure
+            except Exception:
                 log.exception("periodic job failed", extra={"job": name})
                 done = True
             wait_s, retry_s = (period_s, OUTAGE_RETRY_S) if done else (min(period_s, retry_s), retry_s * 2)

@@ -44,17 +44,21 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from enum import StrEnum
+from http import HTTPStatus
 from typing import Any
+
+from shared.contracts import ledger_statuses
 
 
 class Verdict(StrEnum):
-    """What became of one give-back."""
+    """What became of one give-back: the ledger's verdicts (shared/contracts/ledger_statuses.py),
+    as an enum the sweep can match on."""
 
-    REVERTED = "reverted"
-    DRIFTED = "drifted"
-    FAILED = "failed"
-    TRANSIENT = "transient"
-    AWAY = "away"
+    REVERTED = ledger_statuses.VERDICT_REVERTED
+    DRIFTED = ledger_statuses.VERDICT_DRIFTED
+    FAILED = ledger_statuses.VERDICT_FAILED
+    TRANSIENT = ledger_statuses.VERDICT_TRANSIENT
+    AWAY = ledger_statuses.VERDICT_AWAY
 
 
 @dataclass(frozen=True)
@@ -65,10 +69,11 @@ class Outcome:
     reason: str = ""
 
 
-TRANSIENT_STATUSES = frozenset({503, 504, 425, 429})
+TRANSIENT_STATUSES = frozenset({HTTPStatus.SERVICE_UNAVAILABLE, HTTPStatus.GATEWAY_TIMEOUT, HTTPStatus.TOO_EARLY,
+                                HTTPStatus.TOO_MANY_REQUESTS})
 """Statuses that mean "not now": no shard connected, no answer in time, busy, rate limited."""
 
-GATEWAY_AWAY_STATUSES = frozenset({503, 504})
+GATEWAY_AWAY_STATUSES = frozenset({HTTPStatus.SERVICE_UNAVAILABLE, HTTPStatus.GATEWAY_TIMEOUT})
 """The gateway's own answers to a command the shard never got or never answered (no shard
 connected, or it disconnected before answering; no answer in time): ``away``, not an attempt."""
 
@@ -78,11 +83,11 @@ GIVEN_BACK = frozenset({"removed", "gone"})
 PREVIEW_CHARS = 200
 """How much of an unexpected answer a reason quotes."""
 
-_STATUS_HINTS = {
-    400: "the shard refused the command as invalid",
-    403: "the shard's operator refuses it (event plane disabled or protected)",
-    404: "the shard does not know what the command names",
-    409: "the shard speaks another protocol version: a deployment fault, fix the versions",
+_STATUS_HINTS: dict[int, str] = {
+    HTTPStatus.BAD_REQUEST: "the shard refused the command as invalid",
+    HTTPStatus.FORBIDDEN: "the shard's operator refuses it (event plane disabled or protected)",
+    HTTPStatus.NOT_FOUND: "the shard does not know what the command names",
+    HTTPStatus.CONFLICT: "the shard speaks another protocol version: a deployment fault, fix the versions",
 }
 
 
@@ -103,23 +108,22 @@ def quoted(value: Any) -> str:
         return preview(repr(value))
 
 
-def _payload(what: str, reply: Any, *, in_body: bool) -> tuple[dict[str, Any] | None, Outcome | None]:
+def _payload(what: str, reply: Any, *, in_body: bool) -> dict[str, Any] | Outcome:
     """What a 200 answer says — the gateway's ``body`` (``in_body``) or a module's reply
-    itself — as ``(payload, None)``; any other answer as ``(None, its outcome)``."""
+    itself; any other answer as its outcome."""
     if not isinstance(reply, dict):
-        return None, Outcome(Verdict.FAILED, f"{what} answered something that is not a JSON object: "
-                                             f"{preview(reply)}")
+        return Outcome(Verdict.FAILED, f"{what} answered something that is not a JSON object: {preview(reply)}")
     status = reply.get("status")
     if not isinstance(status, int) or isinstance(status, bool):
-        return None, Outcome(Verdict.FAILED, f"{what} answered without an integer status: {preview(reply)}")
-    if status != 200:
-        return None, _not_ok(what, status, reply, from_gateway=in_body)
+        return Outcome(Verdict.FAILED, f"{what} answered without an integer status: {preview(reply)}")
+    if status != HTTPStatus.OK:
+        return _not_ok(what, status, reply, from_gateway=in_body)
     if not in_body:
-        return reply, None
+        return reply
     body = reply.get("body")
     if not isinstance(body, dict):
-        return None, Outcome(Verdict.FAILED, f"{what} answered 200 without a body object: {preview(reply)}")
-    return body, None
+        return Outcome(Verdict.FAILED, f"{what} answered 200 without a body object: {preview(reply)}")
+    return body
 
 
 def _not_ok(what: str, status: int, reply: dict[str, Any], *, from_gateway: bool) -> Outcome:
@@ -151,9 +155,9 @@ def despawn_answer(reply: Any, serial: str) -> Outcome:
     serial under ``removed`` or ``gone`` is given back, under ``refused`` it fails with the
     reason; a serial the answer does not name at all, or a malformed answer, fails quoting it."""
     what = "world.despawn"
-    body, failure = _payload(what, reply, in_body=True)
-    if failure:
-        return failure
+    body = _payload(what, reply, in_body=True)
+    if isinstance(body, Outcome):
+        return body
     kind = body.get("kind")
     if kind != DESPAWN_OK:
         shown = "no 'kind'" if kind is None else f"kind {quoted(kind)}"
@@ -188,9 +192,9 @@ LEASE_DRIFTED = "lease.drifted"
 def release_answer(reply: Any, key: str | None = None) -> Outcome:
     """Classify the gateway's reply to ``lease.release`` of ``key``."""
     what = "lease.release"
-    body, failure = _payload(what, reply, in_body=True)
-    if failure:
-        return failure
+    body = _payload(what, reply, in_body=True)
+    if isinstance(body, Outcome):
+        return body
     kind = body.get("kind")
     answered_key = body.get("key")
     if kind in (LEASE_OK, LEASE_DRIFTED) and key is not None and answered_key is not None and answered_key != key:
@@ -213,21 +217,21 @@ def release_answer(reply: Any, key: str | None = None) -> Outcome:
 def module_answer(module: str, reply: Any) -> Outcome:
     """Classify a module's reply to ``modules.<module>.revert``."""
     what = f"module {module!r} revert"
-    reply, failure = _payload(what, reply, in_body=False)
-    if failure:
-        return failure
-    result = reply.get("result")
+    answer = _payload(what, reply, in_body=False)
+    if isinstance(answer, Outcome):
+        return answer
+    result = answer.get("result")
     if result in GIVEN_BACK:
         return Outcome(Verdict.REVERTED)
     if result == "drifted":
-        reason = reply.get("reason") or "the module says somebody changed it"
+        reason = answer.get("reason") or "the module says somebody changed it"
         return Outcome(Verdict.DRIFTED, f"{reason}; left alone so their change stands")
     if result == "refused":
-        reason = reply.get("reason") or "no reason given"
+        reason = answer.get("reason") or "no reason given"
         return Outcome(Verdict.FAILED, f"module {module!r} refused the revert: {reason}")
     if result is None:
         return Outcome(Verdict.FAILED, f"{what} answer has no 'result' (expected removed, gone, drifted "
-                                       f"or refused): {preview(reply)}")
+                                       f"or refused): {preview(answer)}")
     return Outcome(Verdict.FAILED, f"{what} answered an unknown result {quoted(result)} "
                                    "(expected removed, gone, drifted or refused)")
 

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import sys
+from http import HTTPStatus
 from typing import Any
 
 ASK_TIMEOUT_S = 600.0
@@ -37,7 +38,8 @@ async def _ask(subject: str, payload: dict[str, Any]) -> dict[str, Any]:
         except ValueError:
             reply = None
         if not isinstance(reply, dict):
-            return {"status": 502, "error": "the cleanup service answered something that is not a JSON object"}
+            return {"status": HTTPStatus.BAD_GATEWAY,
+                    "error": "the cleanup service answered something that is not a JSON object"}
         return reply
     finally:
         with contextlib.suppress(Exception):  # nats-py's close of a lost connection can raise
@@ -48,20 +50,33 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
     import nats.errors
     from nats.errors import NoRespondersError
     from nats.errors import TimeoutError as NatsTimeoutError
+    from pydantic import BaseModel, ValidationError
 
     from shardbus.cli import NatsAway, nats_failure
     from shared import subjects
+    from shared.contracts.cleanup import ReconcileRequest, RetryRequest, SweepRequest
+    from shared.replies import describe_validation_error
     from shared.settings import CommonSettings
 
-    if args.action == "sweep":
-        subject, payload = subjects.CLEANUP_SWEEP, ({"runId": args.run_id} if args.run_id else {})
-    elif args.action == "retry":
-        if not args.run_id:
-            print("retry needs --run-id", file=sys.stderr)
-            return 2
-        subject, payload = subjects.CLEANUP_RETRY, {"runId": args.run_id}
-    else:
-        subject, payload = subjects.CLEANUP_RECONCILE, ({"modules": args.module} if args.module else {})
+    if args.action == "retry" and not args.run_id:
+        print("retry needs --run-id", file=sys.stderr)
+        return 2
+    request: BaseModel
+    try:
+        # The service's own request models, read from the wire shape: what the service would
+        # refuse is refused here, in its words (fields named as on the wire).
+        if args.action == "sweep":
+            subject = subjects.CLEANUP_SWEEP
+            request = SweepRequest.model_validate({"runId": args.run_id} if args.run_id else {})
+        elif args.action == "retry":
+            subject, request = subjects.CLEANUP_RETRY, RetryRequest.model_validate({"runId": args.run_id})
+        else:
+            subject = subjects.CLEANUP_RECONCILE
+            request = ReconcileRequest.model_validate({"modules": args.module} if args.module else {})
+    except ValidationError as exc:
+        print(f"error {HTTPStatus.BAD_REQUEST.value}: {describe_validation_error(exc)}", file=sys.stderr)
+        return 1
+    payload = request.model_dump(mode="json", by_alias=True, exclude_none=True)
     try:
         reply = asyncio.run(_ask(subject, payload))
     except NoRespondersError:
@@ -77,7 +92,7 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
         print(nats_failure(CommonSettings().nats_url, exc), file=sys.stderr)
         return 1
     status = reply.get("status")
-    succeeded = isinstance(status, int) and 200 <= status < 300
+    succeeded = isinstance(status, int) and HTTPStatus.OK <= status < HTTPStatus.MULTIPLE_CHOICES
     if succeeded or args.json:
         print(json.dumps(reply, indent=2))
     if not succeeded:
@@ -87,7 +102,7 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
     return 0 if succeeded else 1
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``cleanup`` to the ``shardbus`` command."""
     cleanup = subparsers.add_parser("cleanup", help="ask the cleanup service to sweep, retry a run or reconcile")
     cleanup.add_argument("action", choices=("sweep", "retry", "reconcile"))

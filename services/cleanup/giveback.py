@@ -10,13 +10,15 @@ key and the shard answers the repeat from its cache instead of acting twice.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from services.cleanup import classify
 from services.cleanup.classify import Outcome, Verdict
 from services.cleanup.port import NoAnswer, NoResponder, Port
 from shared import subjects
+from shared.contracts.ids import is_shard_id
 
 WORLD_KINDS = frozenset({"creature", "boss", "npc", "gate", "decor"})
 """Resource kinds that are world objects (what ``world.spawn`` makes): despawned."""
@@ -45,10 +47,9 @@ def plan(row: dict[str, Any], shard: str) -> Command | Outcome:
     """The command that gives ``row`` back, or a failed outcome saying why there is none."""
     run_id, resource_id, kind = row["runId"], row["resourceId"], row["kind"]
     key = idempotency_key(run_id, resource_id)
-    if kind in WORLD_KINDS or kind == LEASE_KIND:
-        if not subjects.is_shard_id(shard):
-            return Outcome(Verdict.FAILED, f"run {run_id!r} names no valid shard ({shard!r}); "
-                                           "cannot send the give-back anywhere")
+    if (kind in WORLD_KINDS or kind == LEASE_KIND) and not is_shard_id(shard):
+        return Outcome(Verdict.FAILED, f"run {run_id!r} names no valid shard ({shard!r}); "
+                                       "cannot send the give-back anywhere")
     if kind in WORLD_KINDS:
         serial = row["ref"]
         return Command(subjects.command(shard, "world.despawn"),

@@ -15,8 +15,15 @@ import json
 from typing import Any, Protocol
 
 from nats.aio.client import Client
-from nats.errors import (ConnectionClosedError, ConnectionDrainingError, ConnectionReconnectingError,
-                         NoRespondersError, NoServersError, OutboundBufferLimitError, StaleConnectionError)
+from nats.errors import (
+    ConnectionClosedError,
+    ConnectionDrainingError,
+    ConnectionReconnectingError,
+    NoRespondersError,
+    NoServersError,
+    OutboundBufferLimitError,
+    StaleConnectionError,
+)
 from nats.errors import TimeoutError as NatsTimeoutError
 
 NATS_AWAY: tuple[type[BaseException], ...] = (

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 from services.cleanup import classify
@@ -36,6 +38,7 @@ from services.cleanup.giveback import LEASE_KIND, WORLD_KINDS
 from services.cleanup.ledger_client import LedgerClient, LedgerError
 from services.cleanup.port import NoAnswer, NoResponder, Port
 from shared import subjects
+from shared.contracts.ids import is_shard_id
 
 REF_MAX = 190
 """The ledger's longest ref: a serial the shard lists that is longer (or holds what PostgreSQL
@@ -92,7 +95,8 @@ class ReconcileReport:
 class Reconciler:
     """Runs reconciles over a :class:`Port`; ``shard_of`` names a run's shard."""
 
-    def __init__(self, port: Port, ledger: LedgerClient, shard_of, timeout_s: float) -> None:
+    def __init__(self, port: Port, ledger: LedgerClient, shard_of: Callable[[str], Awaitable[str]],
+                 timeout_s: float) -> None:
         self.port, self.ledger, self.shard_of, self.timeout_s = port, ledger, shard_of, timeout_s
 
     async def modules_to_reconcile(self, configured: list[str] | None = None) -> list[str]:
@@ -135,7 +139,7 @@ class Reconciler:
             try:
                 if kinds & WORLD_KINDS:
                     present = [serial for serial in await self._world_owned(shard, run_id) if _may_be_ref(serial)]
-                    for kind in sorted(kinds & WORLD_KINDS):
+                    for kind in sorted(WORLD_KINDS.intersection(kinds)):
                         part.orphaned += await self.ledger.reconcile(module, run_id, kind, present)
                 if LEASE_KIND in kinds:
                     if shard not in holds:
@@ -143,8 +147,9 @@ class Reconciler:
                             holds[shard] = await self._lease_holds(shard)
                         except Unanswered as exc:
                             holds[shard] = exc
-                    if isinstance(holds[shard], Unanswered):
-                        raise Unanswered(str(holds[shard]))
+                    shard_holds = holds[shard]
+                    if isinstance(shard_holds, Unanswered):
+                        raise Unanswered(str(shard_holds))
                     present, expired = [], []
                     for row in run_rows:
                         if row.get("kind") != LEASE_KIND:
@@ -156,7 +161,7 @@ class Reconciler:
                             present.append(row["ref"])
                             part.skipped += 1
                             continue
-                        hold = _hold_of(row, run_id, holds[shard])
+                        hold = _hold_of(row, run_id, shard_holds)
                         if hold is not None:
                             present.append(row["ref"])
                             if hold.get("expired") is True:
@@ -172,7 +177,7 @@ class Reconciler:
 
     async def _ask(self, shard: str, verb: str, payload: dict[str, Any], kind: str) -> dict[str, Any]:
         """The body of a 200 answer of ``kind``, or :class:`Unanswered`."""
-        if not subjects.is_shard_id(shard):
+        if not is_shard_id(shard):
             raise Unanswered(f"the run names no valid shard ({shard!r})")
         try:
             reply = await self.port.request(subjects.command(shard, verb), payload, self.timeout_s)
@@ -180,7 +185,7 @@ class Reconciler:
             raise Unanswered(classify.no_gateway(shard).reason) from None
         except NoAnswer:
             raise Unanswered(classify.no_answer(verb, self.timeout_s).reason) from None
-        if not isinstance(reply, dict) or reply.get("status") != 200:
+        if not isinstance(reply, dict) or reply.get("status") != HTTPStatus.OK:
             raise Unanswered(f"{verb} answered {classify.preview(reply)}")
         body = reply.get("body")
         if not isinstance(body, dict) or body.get("kind") != kind:
@@ -193,10 +198,10 @@ class Reconciler:
         if "runId" in body and str(body["runId"]) != run_id:
             raise Unanswered(f"world.owned for run {run_id!r} answered about run {classify.quoted(body['runId'])}")
         owned = body.get("owned")
-        serials = [_serial(item) for item in owned] if isinstance(owned, list) else None
-        if serials is None or None in serials:
+        serials = [_serial(item) for item in owned] if isinstance(owned, list) else [None]
+        if None in serials:
             raise Unanswered(f"world.owned answered without a list of owned serials: {classify.preview(body)}")
-        return serials
+        return [serial for serial in serials if serial is not None]
 
     async def _lease_holds(self, shard: str) -> list[dict[str, Any]]:
         """Every lease the shard holds (``lease.list.ok``'s ``holds``)."""
@@ -243,7 +248,9 @@ def _target(value: Any) -> str | None:
 def _hold_of(row: dict[str, Any], run_id: str, holds: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The hold the shard lists for this row's lease: its key and target, and its run when the
     hold names one. None when the shard no longer holds it."""
-    revert = row.get("revert") if isinstance(row.get("revert"), dict) else {}
+    revert = row.get("revert")
+    if not isinstance(revert, dict):
+        revert = {}
     key, target = revert.get("key", row.get("ref")), _target(revert.get("target"))
     for hold in holds:
         if hold.get("key") != key or _target(hold.get("target")) != target:

@@ -54,7 +54,7 @@ class CleanupSettings(CommonSettings):
     )
 
     @model_validator(mode="after")
-    def _claim_outlives_command(self) -> "CleanupSettings":
+    def _claim_outlives_command(self) -> CleanupSettings:
         # A row reclaimed while its command is still in flight would only be answered
         # "busy" (same idempotency key), but it would waste an attempt: refuse the setup.
         if self.claim_timeout_s <= self.command_timeout_s:
@@ -65,7 +65,7 @@ class CleanupSettings(CommonSettings):
         return self
 
     @model_validator(mode="after")
-    def _cap_not_below_base(self) -> "CleanupSettings":
+    def _cap_not_below_base(self) -> CleanupSettings:
         if self.away_backoff_max_s < self.away_backoff_s:
             raise ValueError(
                 f"away_backoff_max_s ({self.away_backoff_max_s}) must not be less than away_backoff_s "

@@ -23,12 +23,14 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 from services.cleanup import giveback
 from services.cleanup.classify import Outcome, Verdict
 from services.cleanup.ledger_client import MAX_LIMIT, LedgerClient, LedgerError
 from services.cleanup.port import Port
+from shared.contracts import ledger_statuses
 
 log = logging.getLogger("shardbus.cleanup.sweep")
 
@@ -44,6 +46,10 @@ CANDIDATE_POOL = 5
 
 SHARD_CACHE_SIZE = 50_000
 """Runs whose shard id is remembered (a run's shard never changes); cleared when full."""
+
+SETTLED = frozenset({ledger_statuses.CLEANUP_COMPLETE, ledger_statuses.CLEANUP_INCOMPLETE})
+"""Cleanup statuses that take a run out of the candidates; one left ``pending`` (a transient
+failure) may come up again within the same sweep, and is skipped there."""
 
 
 @dataclass(frozen=True)
@@ -75,9 +81,9 @@ class RunReport:
     lost_races: int = 0
     deferred: int = 0
     failures: list[dict[str, Any]] = field(default_factory=list)
-    cleanup_status: str | None = None
+    cleanup_status: ledger_statuses.CleanupStatus | None = None
     error: str | None = None
-    error_status: int = 503
+    error_status: int = HTTPStatus.SERVICE_UNAVAILABLE
 
     def count(self, resource_id: Any, outcome: Outcome) -> None:
         """Add one row's outcome."""
@@ -159,7 +165,7 @@ class Sweeper:
                 fresh = random.sample(fresh, min(len(fresh), self.limits.runs_per_batch))
                 seen.update(fresh)
                 swept = await self._sweep_runs(fresh)
-                left_pending.update(r.run_id for r in swept if r.cleanup_status not in ("complete", "incomplete"))
+                left_pending.update(r.run_id for r in swept if r.cleanup_status not in SETTLED)
                 report.runs.extend(swept)
         except LedgerError as exc:
             report.error = str(exc)  # the caller logs the sweep's outcome once, at its level
@@ -201,11 +207,11 @@ class Sweeper:
                 if report.transient or report.away or not more or not fresh:
                     break
             run = await self.ledger.finish(run_id, self.limits.max_attempts, report.summary())
-            report.cleanup_status = run.get("cleanupStatus")
+            report.cleanup_status = run.cleanup_status
         except LedgerError as exc:
             # Claimed rows stay `reverting` until the claim timeout; the next sweep recovers them.
             report.error, report.error_status = exc.error, exc.status
-            if 400 <= exc.status < 500:
+            if HTTPStatus.BAD_REQUEST <= exc.status < HTTPStatus.INTERNAL_SERVER_ERROR:
                 # The ledger refused the run itself (no such run, not over yet): the asker's
                 # mistake, answered in the reply; nothing an operator must look at.
                 log.info("run not swept: the ledger refused it",
@@ -223,10 +229,11 @@ class Sweeper:
         """The shard a run acts on (asked of the ledger once, then remembered)."""
         if run_id not in self.shards:
             console = await self.ledger.console(run_id, limit=1)  # the run is all it needs
-            run = console.get("run") if isinstance(console.get("run"), dict) else {}
+            run = console.get("run")
+            shard = run.get("shard") if isinstance(run, dict) else None
             if len(self.shards) >= SHARD_CACHE_SIZE:
                 self.shards.clear()
-            self.shards[run_id] = str(run.get("shard") or "")
+            self.shards[run_id] = str(shard or "")
         return self.shards[run_id]
 
     async def _give_back(self, row: dict[str, Any], shard: str, start_by: float) -> tuple[Any, Outcome | None]:
@@ -261,18 +268,18 @@ class Sweeper:
                 report.deferred += 1
             elif not isinstance(resource_id, int):
                 report.count(None, outcome)
-        given = [(resource_id, outcome) for resource_id, outcome in given
-                 if isinstance(resource_id, int) and outcome is not None]
-        if not given:
+        recordable = [(resource_id, outcome) for resource_id, outcome in given
+                      if isinstance(resource_id, int) and outcome is not None]
+        if not recordable:
             return
-        reply = await self.ledger.outcomes([_wire(resource_id, outcome) for resource_id, outcome in given],
+        reply = await self.ledger.outcomes([_wire(resource_id, outcome) for resource_id, outcome in recordable],
                                            self.limits.away_backoff_s, self.limits.away_backoff_max_s)
-        recorded = set(reply.get("recorded") or [])
+        recorded = set(reply.recorded)
         # A conflict: another sweeper reclaimed the row after our claim timed out and
         # recorded it first; the shard answered both of us from one execution.
-        report.lost_races += len(reply.get("conflicts") or [])
-        missing = set(reply.get("missing") or [])
-        for resource_id, outcome in given:
+        report.lost_races += len(reply.conflicts)
+        missing = set(reply.missing)
+        for resource_id, outcome in recordable:
             if resource_id in recorded:
                 report.count(resource_id, outcome)
             elif resource_id in missing:

@@ -1,22 +1,33 @@
-"""Gateway wiring: the NATS broker, the JetStream streams, the TCP listener for shards,
-the status subject and the boards."""
+"""Gateway wiring: the NATS broker, the gateway served on its connection (``gateway.serve``:
+the JetStream streams, the boards, the TCP listener for shards), the status subject, health
+and the AsyncAPI declarations."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 from faststream import FastStream
 from faststream.nats import NatsBroker
 
 from services.gateway import asyncapi_schema as doc
-from services.gateway.links import Gateway
+from services.gateway.gateway import Gateway, Serving, serve
 from services.gateway.settings import GatewaySettings
 from shared import logs, subjects
 from shared.broker import add_health, make_app, make_broker
 
-log = logging.getLogger("shardbus.gateway")
+
+@dataclass
+class _Running:
+    """The gateway while the app runs: :func:`serve` is entered after startup, left on shutdown."""
+
+    stack: AsyncExitStack = field(default_factory=AsyncExitStack)
+    gateway: Gateway | None = None
+    """Set once serving; kept through the shutdown (``gateway.status`` answers until the end)."""
+    serving: Serving | None = None
+    """Set once serving; dropped as the shutdown begins (health stops naming the address)."""
 
 
 def create_app(settings: GatewaySettings | None = None) -> FastStream:
@@ -27,40 +38,33 @@ def create_app(settings: GatewaySettings | None = None) -> FastStream:
         logs.register_secret(token.get_secret_value())
     broker = make_broker(settings, "gateway")
     app = make_app(broker, "gateway")
-    state: dict[str, Any] = {}
+    running = _Running()
 
     # No queue group: every replica answers with the shards it holds (use a request that
     # gathers several replies to see them all).
     @broker.subscriber(subjects.GATEWAY_STATUS)
     async def status() -> dict[str, Any]:
-        gateway: Gateway | None = state.get("gateway")
-        return gateway.status() if gateway else {"status": 503, "error": "gateway is starting"}
+        gateway = running.gateway
+        return gateway.status() if gateway else {"status": HTTPStatus.SERVICE_UNAVAILABLE,
+                                                  "error": "gateway is starting"}
 
     @app.after_startup
     async def start_listener() -> None:
-        gateway = Gateway(broker.connection, settings)
-        await gateway.start()
-        state["gateway"] = gateway
-        server = await asyncio.start_server(gateway.handle, settings.shard_host, settings.shard_port,
-                                            limit=gateway.line_cap + 1)
-        state["server"] = server
-        host, port = server.sockets[0].getsockname()[:2]
-        log.info("listening for shards", extra={"addr": f"{host}:{port}"})
+        running.stack = AsyncExitStack()
+        serving = await running.stack.enter_async_context(serve(broker.connection, settings))
+        running.gateway, running.serving = serving.gateway, serving
 
     @app.on_shutdown
     async def stop_listener() -> None:
-        if server := state.pop("server", None):
-            server.close()
-        if gateway := state.get("gateway"):
-            await gateway.stop()
+        running.serving = None
+        await running.stack.aclose()
 
     def details() -> dict[str, object]:
-        server = state.get("server")
-        if server is None or not server.sockets:
+        serving = running.serving
+        addr = serving.addr if serving else None
+        if serving is None or addr is None:
             return {}
-        host, port = server.sockets[0].getsockname()[:2]
-        gateway: Gateway | None = state.get("gateway")
-        return {"shard_addr": f"{host}:{port}", "shards": sorted(gateway.links) if gateway else []}
+        return {"shard_addr": f"{addr[0]}:{addr[1]}", "shards": sorted(serving.gateway.links)}
 
     add_health(app, broker, "gateway", settings, details)
     document_shard_plane(app, broker, settings)
@@ -72,7 +76,7 @@ def document_shard_plane(app: FastStream, broker: NatsBroker, settings: GatewayS
 
     They are declared on a broker of their own that is only added to the document, never to
     the app: it is never connected or started, so declaring them subscribes to nothing. At
-    runtime ``links.py`` subscribes to a shard's commands only while that shard is connected,
+    runtime ``connections.py`` subscribes to a shard's commands only while that shard is connected,
     and ``board_store.py`` to board reads and news (docs/gateway.md)."""
     plane = NatsBroker(settings.nats_servers())  # same server as ``broker``: one server entry
 

@@ -17,8 +17,18 @@ from typing import Any
 
 from faststream.specification import AsyncAPI
 from faststream.specification.asyncapi.utils import ref
-from faststream.specification.asyncapi.v3_0_0.schema import Channel, Message, Reference
+from faststream.specification.asyncapi.v3_0_0.schema import ApplicationSchema, Channel, Components, Message, Reference
+from faststream.specification.base import Specification
 from pydantic import BaseModel, ConfigDict, Field, RootModel
+
+# Commands, board reads, news and status are the gateway's contract (shared/contracts/gateway.py),
+# the models the web door reads the replies with; documented here under their own names.
+from shared.contracts.gateway import BoardReply as BoardReply
+from shared.contracts.gateway import CommandReply as CommandReply
+from shared.contracts.gateway import CommandRequest as CommandRequest
+from shared.contracts.gateway import NewsItem as NewsItem
+from shared.contracts.gateway import NewsReply as NewsReply
+from shared.contracts.gateway import ShardAnswer as ShardAnswer
 
 # --- frames and dead letters (the gateway publishes) ------------------------------------
 
@@ -47,99 +57,6 @@ class DeadLetter(RootModel[str]):
     model_config = ConfigDict(title="DeadLetter")
 
 
-# --- commands (request/reply) -------------------------------------------------------------
-
-
-class CommandRequest(BaseModel):
-    """The command's body (empty or null = `{}`). The shard receives it verbatim with
-    `kind` = the subject's verb and a fresh `reqId`. Optional header `Shard-Protocol`:
-    the protocol the caller expects (409 if the shard speaks another)."""
-
-    model_config = ConfigDict(extra="allow", title="CommandRequest", json_schema_extra={"examples": [
-        {"key": "PlayerCaps.SkillCap", "value": "1300", "holdMs": 600_000, "untilMs": 1733000600000,
-         "runId": "42", "idempotencyKey": "run42:step3"},
-        {"runId": "42", "what": "creature", "map": "Felucca", "x": 1400, "y": 1600},
-        {"actor": "gm-ada", "account": "alice", "durationSec": 3600, "reason": "spam"},
-    ]})
-
-    actor: str | None = Field(default=None, description="Who is acting: required by the staff verbs (admin.*).")
-    runId: str | None = Field(default=None, description="The run acting, on the event plane.")
-    idempotencyKey: Any = Field(default=None, description="Passed through untouched: a repeat is answered "
-                                                          "with the original answer (replayed: true).")
-
-
-class ShardAnswer(BaseModel):
-    """The shard's answer line, verbatim."""
-
-    model_config = ConfigDict(extra="allow", title="ShardAnswer", json_schema_extra={"examples": [
-        {"t": 1733000000123, "kind": "lease.ok", "key": "PlayerCaps.SkillCap", "value": "1300",
-         "baseline": "1200", "untilMs": 1733000600123, "reqId": "5f0c2a9e41b7-1f"},
-        {"t": 1733000000123, "kind": "lease.drifted", "key": "PlayerCaps.SkillCap", "current": "1300",
-         "reqId": "5f0c2a9e41b7-20"},
-        {"t": 1733000000123, "kind": "oneshot.error",
-         "reason": "run 42 has no participation ledger open on this shard", "reqId": "5f0c2a9e41b7-21"},
-    ]})
-
-    kind: str = Field(description="The answer's kind: <verb>.ok and the like, <plane>.error, bridge.busy, "
-                                  "lease.drifted.")
-    reqId: str = Field(description="The reqId the gateway sent with the command.")
-    t: int | None = Field(default=None, description="Shard time in ms.")
-    reason: str | None = Field(default=None, description="Why, on an error answer: the status follows it.")
-    replayed: bool | None = Field(default=None, description="True on the original answer to a repeated "
-                                                            "idempotencyKey.")
-
-
-class CommandReply(BaseModel):
-    """`{status, body}` with the shard's answer, or `{status, error}` when the gateway
-    answers by itself (400, 409, 503, 504). No gateway holding the shard: NATS "no responders"
-    (the 503)."""
-
-    model_config = ConfigDict(title="CommandReply")
-
-    status: int = Field(description="200; 425 bridge.busy; 403, 404, 409, 429 or 400 by the answer's plane "
-                                    "and reason; 409 protocol gate; 503 no shard; 504 no answer in time.")
-    body: ShardAnswer | None = Field(default=None, description="The shard's answer.")
-    error: str | None = Field(default=None, description="The gateway's own answer, a sentence.")
-
-
-# --- boards and news (request/reply) ------------------------------------------------------
-
-
-class BoardReply(BaseModel):
-    """A whole board of one shard, in board order (name or title, then id)."""
-
-    model_config = ConfigDict(title="BoardReply", json_schema_extra={"examples": [
-        {"status": 200, "items": [{
-            "kind": "guild.update", "id": 7, "name": "The Cartographers", "abbr": "MAP", "members": 2, "online": 1,
-            "roster": [{"serial": "0x1", "name": "Ada"}, {"serial": "0x2", "name": "Bo"}]}]},
-        {"status": 404, "error": "no board named 'ruleset'; boards: champions, guilds, houses, market, news"},
-    ]})
-
-    status: int = Field(description="200; 404 no such board; 503 the bucket cannot be read now.")
-    items: list[dict[str, Any]] | None = Field(default=None, description="Each item is the frame the shard "
-                                               "sent (guilds: the snapshot, with the roster as roster).")
-    error: str | None = None
-
-
-class NewsItem(BaseModel):
-    """A news item the website adds; every field besides `id` is the website's. The shard
-    receives it as `news.add` with `announce` (true now, false when replayed after a hello)."""
-
-    model_config = ConfigDict(extra="allow", title="NewsItem", json_schema_extra={"examples": [
-        {"id": "n17", "title": "Server restart at 04:00", "body": "…"},
-    ]})
-
-    id: str | int = Field(description="Letters and digits; an item with the same id is replaced.")
-
-
-class NewsReply(BaseModel):
-    """The stored item, or why not."""
-
-    model_config = ConfigDict(title="NewsReply")
-
-    status: int = Field(description="200 stored; 400 not an object, or no usable id.")
-    item: NewsItem | None = None
-    error: str | None = None
 
 
 # --- the document -------------------------------------------------------------------------
@@ -153,9 +70,11 @@ class RequestReplyAsyncAPI(AsyncAPI):
         super().__init__(*brokers, **options)
         self.replies = replies
 
-    def to_specification(self) -> Any:
+    def to_specification(self) -> Specification:
         schema = super().to_specification()
-        components = schema.components
+        if not isinstance(schema, ApplicationSchema):  # a reply is AsyncAPI 3's: other versions as they are
+            return schema
+        components = schema.components = schema.components or Components()
         components.messages = components.messages or {}
         components.schemas = components.schemas or {}
         for key, channel in list(schema.channels.items()):
@@ -173,6 +92,7 @@ class RequestReplyAsyncAPI(AsyncAPI):
                 messages={"Message": Reference(**ref("components", "messages", f"{reply_key}:Message"))})
             for operation in schema.operations.values():
                 if getattr(operation.channel, "ref", None) == ref("channels", key)["$ref"]:
-                    operation.reply = {"channel": ref("channels", reply_key),
+                    # Operation allows extra fields; FastStream does not model AsyncAPI 3's reply.
+                    operation.reply = {"channel": ref("channels", reply_key),  # type: ignore[attr-defined]
                                        "messages": [ref("channels", reply_key, "messages", "Message")]}
         return schema

@@ -9,15 +9,18 @@ import json
 import logging
 import re
 import uuid
+from http import HTTPStatus
 from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig
 from nats.js.kv import KeyValue
 
 from services.gateway.boards import BOARDS, bucket_name, fold, item_key
 from shared import subjects
+from shared.contracts import gateway as gateway_contract
 from shared.delivery import is_direct, why_not_direct
 
 log = logging.getLogger("shardbus.gateway.boards")
@@ -64,7 +67,7 @@ class BoardStore:
         self.buckets: dict[str, KeyValue] = {}
         self.queues: dict[str, asyncio.Queue[tuple[str, str, str, Any]]] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
-        self.subscriptions: list[Any] = []
+        self.subscriptions: list[Subscription] = []
 
     async def declare(self) -> None:
         """Create (or open) one bucket per board."""
@@ -72,22 +75,22 @@ class BoardStore:
             name = bucket_name(self.prefix, board)
             try:
                 self.buckets[board] = await self.js.key_value(name)
-            except Exception:
+            except Exception:  # noqa: BLE001 — not there (or unreadable): creating it says which
                 config = KeyValueConfig(bucket=name, history=1, replicas=self.replicas)
                 self.buckets[board] = await self.js.create_key_value(config)
 
     async def serve(self) -> None:
         """Answer board reads and news additions (queue groups: any replica will do)."""
-        self.subscriptions.append(await self.nc.subscribe(subjects.BOARD_WILDCARD, queue="gateway-boards",
+        self.subscriptions.append(await self.nc.subscribe(subjects.BOARD_WILDCARD, queue=gateway_contract.BOARDS_QUEUE,
                                                           cb=self._on_board_read))
-        self.subscriptions.append(await self.nc.subscribe(subjects.NEWS_ADD_WILDCARD, queue="gateway-news",
+        self.subscriptions.append(await self.nc.subscribe(subjects.NEWS_ADD_WILDCARD, queue=gateway_contract.NEWS_QUEUE,
                                                           cb=self._on_news_add))
 
     async def stop(self) -> None:
         for sub in self.subscriptions:
             try:
                 await sub.unsubscribe()
-            except Exception:
+            except Exception:  # noqa: BLE001 — NATS away: the subscriptions go with the connection
                 pass
         for task in self.tasks.values():
             task.cancel()
@@ -114,7 +117,7 @@ class BoardStore:
                     else:
                         await self.buckets[board].delete(key)
                     break
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 — whatever failed, the write is retried until it lands
                     log.warning("board write failed; retrying", extra={"board": board, "reason": repr(exc)})
                     await asyncio.sleep(RETRY_PAUSE_S)
 
@@ -143,7 +146,8 @@ class BoardStore:
         one is gone), never missing."""
         name = bucket_name(self.prefix, board)
         stream, prefix = f"KV_{name}", f"$KV.{name}."
-        config = ConsumerConfig(name=uuid.uuid4().hex, filter_subject=f"{prefix}{shard}.>",
+        consumer = uuid.uuid4().hex
+        config = ConsumerConfig(name=consumer, filter_subject=f"{prefix}{shard}.>",
                                 deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, ack_policy=AckPolicy.NONE,
                                 inactive_threshold=READ_TIMEOUT_S * 4, mem_storage=True)
         info = await self.js.add_consumer(stream, config=config)
@@ -153,7 +157,7 @@ class BoardStore:
         try:
             remaining = info.num_pending or 0
             if remaining:
-                sub = await self.js.pull_subscribe_bind(stream=stream, name=config.name)
+                sub = await self.js.pull_subscribe_bind(stream=stream, name=consumer)
                 try:
                     while remaining > 0:
                         for msg in await sub.fetch(min(remaining, READ_BATCH), timeout=READ_TIMEOUT_S):
@@ -174,8 +178,8 @@ class BoardStore:
                     await sub.unsubscribe()
         finally:
             try:
-                await self.js.delete_consumer(stream, config.name)
-            except Exception:  # it lapses on its own after inactive_threshold
+                await self.js.delete_consumer(stream, consumer)
+            except Exception:  # noqa: BLE001 — it lapses on its own after inactive_threshold
                 pass
         return entries
 
@@ -184,16 +188,17 @@ class BoardStore:
             return
         _, shard, _, board = msg.subject.split(".", 3)
         if not subjects.is_shard_id(shard):  # it becomes a consumer's filter subject
-            reply: dict[str, Any] = {"status": 400, "error": SHARD_ID_RULE}
+            reply: dict[str, Any] = {"status": HTTPStatus.BAD_REQUEST, "error": SHARD_ID_RULE}
         elif board not in self.buckets:
-            reply = {"status": 404, "error": f"no board named {board!r}; boards: "
-                                                             f"{', '.join(sorted(self.buckets))}"}
+            reply = {"status": HTTPStatus.NOT_FOUND,
+                     "error": f"no board named {board!r}; boards: {', '.join(sorted(self.buckets))}"}
         else:
             try:
-                reply = {"status": 200, "items": await self.read(shard, board)}
-            except Exception as exc:
+                reply = {"status": HTTPStatus.OK, "items": await self.read(shard, board)}
+            except Exception as exc:  # noqa: BLE001 — whatever the cause, the caller gets a 503 to retry on
                 log.warning("board read failed", extra={"board": board, "reason": repr(exc)})
-                reply = {"status": 503, "error": f"board {board} could not be read now; try again"}
+                reply = {"status": HTTPStatus.SERVICE_UNAVAILABLE,
+                         "error": f"board {board} could not be read now; try again"}
         await msg.respond(json.dumps(reply, ensure_ascii=False).encode())
 
     # --- news -------------------------------------------------------------------------
@@ -208,17 +213,18 @@ class BoardStore:
             item = None
         news_id = item.get("id") if isinstance(item, dict) else None
         if not subjects.is_shard_id(shard):  # it becomes a key token
-            reply: dict[str, Any] = {"status": 400, "error": SHARD_ID_RULE}
+            reply: dict[str, Any] = {"status": HTTPStatus.BAD_REQUEST, "error": SHARD_ID_RULE}
         elif not isinstance(item, dict):
-            reply = {"status": 400, "error": "body must be a JSON object"}
+            reply = {"status": HTTPStatus.BAD_REQUEST, "error": "body must be a JSON object"}
         elif isinstance(news_id, bool) or not isinstance(news_id, (int, str)) \
                 or not NEWS_ID.fullmatch(str(news_id)):
-            reply = {"status": 400, "error": "id is required: 1-64 ASCII letters and digits naming the news item"}
+            reply = {"status": HTTPStatus.BAD_REQUEST,
+                     "error": "id is required: 1-64 ASCII letters and digits naming the news item"}
         else:
             await self.buckets["news"].put(item_key(shard, str(news_id), "item"),
                                            json.dumps(item, ensure_ascii=False).encode())
             await self.nc.publish(subjects.news_announce(shard), json.dumps(item).encode())
-            reply = {"status": 200, "item": item}
+            reply = {"status": HTTPStatus.OK, "item": item}
         await msg.respond(json.dumps(reply, ensure_ascii=False).encode())
 
     async def news_lines(self, shard: str, announce: bool) -> list[bytes]:

@@ -1,15 +1,16 @@
 """Commands from NATS to a shard: validating a request's body and turning it into the one
-line the shard receives. Pure; the wiring that waits for the answer is in ``links.py``."""
+line the shard receives. Pure; the wiring that waits for the answer is in ``command_relay.py``."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import uuid
+from http import HTTPStatus
 from typing import Any
 
 from services.gateway.reply_mapping import plane
-from services.gateway.wire import is_safe_kind
+from shared.subjects import is_safe_kind
 
 PROTOCOL_HEADER = "Shard-Protocol"
 """Request header in which a caller may state the protocol version it expects (else 409)."""
@@ -18,7 +19,7 @@ PROTOCOL_HEADER = "Shard-Protocol"
 class CommandRejected(Exception):
     """The gateway answers the command itself, without asking the shard."""
 
-    def __init__(self, status: int, error: str) -> None:
+    def __init__(self, status: HTTPStatus, error: str) -> None:
         super().__init__(error)
         self.status = status
         self.error = error
@@ -39,22 +40,22 @@ def new_req_id() -> str:
 def parse_body(verb: str, payload: bytes) -> dict[str, Any]:
     """The command's body as an object (empty → ``{}``); CommandRejected(400) names what is wrong."""
     if not is_safe_kind(verb):
-        raise CommandRejected(400, f"verb {verb[:80]!r} is not a valid command name")
+        raise CommandRejected(HTTPStatus.BAD_REQUEST, f"verb {verb[:80]!r} is not a valid command name")
     if not payload.strip():
         body: Any = {}
     else:
         try:
             body = json.loads(payload)
         except (ValueError, RecursionError):
-            raise CommandRejected(400, "body must be a JSON object (it is not valid JSON)") from None
+            raise CommandRejected(HTTPStatus.BAD_REQUEST, "body must be a JSON object (it is not valid JSON)") from None
     if body is None:  # the seed's sidecar reads a null body as an empty one (S004:1115)
         body = {}
     if not isinstance(body, dict):
-        raise CommandRejected(400, "body must be a JSON object")
+        raise CommandRejected(HTTPStatus.BAD_REQUEST, "body must be a JSON object")
     if plane(verb) == "admin":
         actor = body.get("actor")
         if not isinstance(actor, str) or not actor.strip():
-            raise CommandRejected(400, f"{verb} is a staff verb: actor (who is acting) is required")
+            raise CommandRejected(HTTPStatus.BAD_REQUEST, f"{verb} is a staff verb: actor (who is acting) is required")
     return body
 
 
@@ -63,8 +64,8 @@ def check_protocol(expected: str | None, spoken: int) -> None:
     if expected is None:
         return
     if expected.strip() != str(spoken):
-        raise CommandRejected(409, f"the shard speaks protocol {spoken}, the caller expects "
-                                   f"{expected.strip()[:16]!r}: a deployment mismatch, do not retry")
+        raise CommandRejected(HTTPStatus.CONFLICT, f"the shard speaks protocol {spoken}, the caller expects "
+                                                   f"{expected.strip()[:16]!r}: a deployment mismatch, do not retry")
 
 
 def command_line(verb: str, body: dict[str, Any], req_id: str) -> bytes:

@@ -21,6 +21,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js.api import PubAck
 
 log = logging.getLogger("shardbus.gateway.publisher")
 
@@ -88,7 +89,7 @@ class ShardPublisher:
         self.on_stored = on_stored
         self.published = 0
         self.retries = 0
-        self._in_flight: deque[tuple[Outgoing, asyncio.Future]] = deque()
+        self._in_flight: deque[tuple[Outgoing, asyncio.Future[PubAck]]] = deque()
         self._slots = asyncio.Semaphore(window)
         self._lock = asyncio.Lock()
         self._flying = asyncio.Event()
@@ -131,7 +132,8 @@ class ShardPublisher:
     async def stop(self, drain_timeout_s: float = 5.0) -> None:
         """Give buffered messages a moment to reach JetStream, then stop."""
         deadline = asyncio.get_running_loop().time() + drain_timeout_s
-        while self.pending() and asyncio.get_running_loop().time() < deadline:
+        # Polled: pending() counts three places (queue, hand-over, in flight); no one event says all are empty.
+        while self.pending() and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         if self.pending():
             log.warning("stopped with frames unpublished", extra={"pending": self.pending()})
@@ -144,7 +146,8 @@ class ShardPublisher:
     async def _connected(self) -> None:
         # Issue nothing while NATS is away: nats-py would buffer it and could send it after
         # an earlier message that is about to be published again (out of order).
-        while not self.nc.is_connected:
+        # Polled: nats-py has no "connected again" event, and its callbacks are the broker's.
+        while not self.nc.is_connected:  # noqa: ASYNC110
             await asyncio.sleep(CONNECTED_POLL_S)
 
     def _headers(self, item: Outgoing) -> dict[str, str]:
@@ -161,7 +164,7 @@ class ShardPublisher:
                 await self._connected()
                 try:
                     future = await self.js.publish_async(item.subject, item.data, headers=self._headers(item))
-                except Exception:  # NATS went away between the check and the send
+                except Exception:  # noqa: BLE001 — NATS went away between the check and the send
                     future = _failed_future()
                 self._in_flight.append((item, future))
                 self._holding = 0
@@ -177,7 +180,7 @@ class ShardPublisher:
                 if not future.done():  # acks that already came are taken without a pause
                     await asyncio.wait_for(future, self.ack_timeout_s)
                 future.result()
-            except Exception as exc:  # no ack in time, or an error ack
+            except Exception as exc:  # noqa: BLE001 — no ack in time, or an error ack: published again
                 async with self._lock:
                     await self._republish_in_order(exc)
                 continue
@@ -200,7 +203,7 @@ class ShardPublisher:
                     await self.js.publish(item.subject, item.data, timeout=self.ack_timeout_s,
                                           headers=self._headers(item))
                     break
-                except Exception as error:
+                except Exception as error:  # noqa: BLE001 — retried; refused ones are dead-lettered
                     self.retries += 1
                     log.debug("publish failed, retrying", extra={"reason": repr(error)})
                     if refuses_the_message(error):
@@ -229,7 +232,7 @@ class ShardPublisher:
             await self.js.publish(self.dead_letter_subject, item.data[:room], timeout=self.ack_timeout_s,
                                   headers=headers)
             self.dead_lettered += 1
-        except Exception as again:
+        except Exception as again:  # noqa: BLE001 — the log line is all that can be kept
             log.error("the dead letter was refused too", extra={"reason": repr(again)})
 
     def _stored(self, item: Outgoing) -> None:
@@ -255,8 +258,8 @@ def _give_memory_back() -> None:
         pass
 
 
-def _failed_future() -> asyncio.Future:
-    future: asyncio.Future = asyncio.get_running_loop().create_future()
+def _failed_future() -> asyncio.Future[PubAck]:
+    future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
     future.set_exception(ConnectionError("NATS connection lost while publishing"))
     future.exception()  # mark retrieved: the retry path handles it
     return future

@@ -7,6 +7,7 @@ reason, as the table lists them."""
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from typing import Any
 
 EVENT_PLANE = frozenset({"lease", "participation", "world", "item"})
@@ -42,53 +43,53 @@ def _has(reason: str, *words: str) -> bool:
     return any(word in reason for word in words)
 
 
-def _event_error(reason: str) -> int:
+def _event_error(reason: str) -> HTTPStatus:
     """``respond_event`` (S004:1016-1063): the gate off is 403; an unknown lease key, a run not
     counted or with no ledger is 404; the save rate limit is 429; any other refusal 400."""
     if _has(reason, "disabled"):
-        return 403
+        return HTTPStatus.FORBIDDEN
     if _has(reason, "no lease is offered", "not counting", "no participation ledger"):
-        return 404
+        return HTTPStatus.NOT_FOUND
     if _has(reason, "saves at most every"):
-        return 429
-    return 400
+        return HTTPStatus.TOO_MANY_REQUESTS
+    return HTTPStatus.BAD_REQUEST
 
 
-def _account_error(reason: str) -> int:
+def _account_error(reason: str) -> HTTPStatus:
     """``respond_account`` (S004:1065-1067): a name clash ("already exists", S004:1604) 409; the
     per-IP cap 429; disabled, protected or refused 403; an unknown target or "not linked" 404."""
     if _has(reason, "already exists", "name clash", "already taken"):
-        return 409
+        return HTTPStatus.CONFLICT
     if _has(reason, "per-ip", "per ip"):
-        return 429
+        return HTTPStatus.TOO_MANY_REQUESTS
     if _has(reason, "disabled", "protected", "refused"):
-        return 403
+        return HTTPStatus.FORBIDDEN
     if _has(reason, "unknown", "not linked"):
-        return 404
-    return 400
+        return HTTPStatus.NOT_FOUND
+    return HTTPStatus.BAD_REQUEST
 
 
-def _admin_error(reason: str) -> int:
+def _admin_error(reason: str) -> HTTPStatus:
     """``respond_admin`` (S004:986-999; "protected" is 403, S004:1599)."""
     if _has(reason, "protected", "disabled"):
-        return 403
+        return HTTPStatus.FORBIDDEN
     if _has(reason, "unknown"):
-        return 404
-    return 400
+        return HTTPStatus.NOT_FOUND
+    return HTTPStatus.BAD_REQUEST
 
 
-def _generic_error(reason: str) -> int:
+def _generic_error(reason: str) -> HTTPStatus:
     """``respond`` (S004:975-986; "unknown account" is 404, S004:1593)."""
-    return 404 if _has(reason, "unknown") else 400
+    return HTTPStatus.NOT_FOUND if _has(reason, "unknown") else HTTPStatus.BAD_REQUEST
 
 
-def status_for(verb: str, answer: dict[str, Any]) -> int:
+def status_for(verb: str, answer: dict[str, Any]) -> HTTPStatus:
     """The status of the shard's ``answer`` to a command of ``verb``."""
     kind = str(answer.get("kind", ""))
     if kind == BUSY:
-        return 425
+        return HTTPStatus.TOO_EARLY
     if kind == DRIFTED or not kind.endswith(".error"):
-        return 200
+        return HTTPStatus.OK
     reason = str(answer.get("reason") or answer.get("error") or "").lower()
     where = plane(verb)
     # The event plane reads every ``*.error`` by its reason, ``bridge.error`` included

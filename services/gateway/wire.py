@@ -135,7 +135,7 @@ def check_hello(line: bytes, token_for: Callable[[str], str] | str) -> Hello:
     if frame.get("kind") != "server.hello":
         raise HelloRefused("first line must be a server.hello object")
     shard = frame.get("shard")
-    if not is_shard_id(shard):
+    if not isinstance(shard, str) or not is_shard_id(shard):
         raise HelloRefused("server.hello: shard must match [a-z0-9_-]{1,32}")
     protocol = frame.get("protocol")
     if not isinstance(protocol, int) or isinstance(protocol, bool):

@@ -21,7 +21,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import IO, Any, Protocol, cast
 
 from services.installer.refusals import BAD_INPUT, Refused
 
@@ -74,6 +74,12 @@ class Inspection:
     module_json: dict[str, Any]
 
 
+class ByteSource(Protocol):
+    """What an archive is read from: a file, or the bytes of a download as they arrive."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
 class _InflateGuard:
     """The decompressed stream of a gzip file, refusing once it grows past the total or ratio caps.
 
@@ -82,7 +88,7 @@ class _InflateGuard:
     one read; the gzip trailer's CRC and length are checked by zlib. With ``keep``, every
     decompressed byte is also written there (the tar that will be unpacked)."""
 
-    def __init__(self, raw: IO[bytes], limits: Limits, keep: IO[bytes] | None = None) -> None:
+    def __init__(self, raw: ByteSource, limits: Limits, keep: IO[bytes] | None = None) -> None:
         self._raw, self.limits, self._keep = raw, limits, keep
         head = raw.read(2)
         if head != GZIP_MAGIC:
@@ -193,13 +199,22 @@ class _Layout:
             self.files.add(path)
 
 
+class _TarFile(tarfile.TarFile):
+    """A TarFile whose file data moves in large reads (:data:`READ_BYTES`), not tarfile's 16 kB."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("copybufsize", READ_BYTES)
+        super().__init__(*args, **kwargs)
+
+
 def _open_tar(guard: _InflateGuard) -> tarfile.TarFile:
+    # A stream ("r|") reads its file object front to back and never writes, tells or seeks: the
+    # guard's read() is all it uses (typeshed's _Fileobj also names write, tell and seek).
+    fileobj = cast(IO[bytes], guard)
     try:
-        tar = tarfile.open(fileobj=guard, mode="r|", bufsize=STREAM_BUFFER_BYTES)
+        return _TarFile.open(fileobj=fileobj, mode="r|", bufsize=STREAM_BUFFER_BYTES)
     except tarfile.ReadError as exc:
         raise Refused(BAD_INPUT, f"the artifact is not a tar archive inside its gzip ({exc})") from None
-    tar.copybufsize = READ_BYTES  # file data moves in large reads, not tarfile's 16 kB
-    return tar
 
 
 def _members(tar: tarfile.TarFile, limits: Limits) -> Iterator[tuple[tarfile.TarInfo, str]]:
@@ -238,7 +253,7 @@ def inspect(path: Path, module_id: str, version: str, limits: Limits, keep_tar: 
             return inspect_stream(raw, module_id, version, limits, keep)
 
 
-def inspect_stream(raw: IO[bytes], module_id: str, version: str, limits: Limits,
+def inspect_stream(raw: ByteSource, module_id: str, version: str, limits: Limits,
                    keep: IO[bytes] | None = None) -> Inspection:
     """:func:`inspect` on a stream of the archive's bytes (e.g. as it downloads), writing the
     decompressed tar to ``keep`` if given."""
@@ -252,6 +267,7 @@ def inspect_stream(raw: IO[bytes], module_id: str, version: str, limits: Limits,
             if not member.isreg():
                 continue
             reader = tar.extractfile(member)
+            assert reader is not None  # a regular file always has one
             if name == MODULE_JSON:
                 if member.size > MODULE_JSON_MAX_BYTES:
                     raise Refused(BAD_INPUT, f"the artifact's module.json is over {MODULE_JSON_MAX_BYTES} bytes")
@@ -278,11 +294,10 @@ def unpack(tar_path: Path, dest: Path, limits: Limits) -> None:
     """Unpack the decompressed tar an inspection kept (so exactly the bytes inspected) into the
     empty directory ``dest``, checking every entry again and through tarfile's ``data`` filter."""
     try:
-        tar = tarfile.open(tar_path, mode="r:")
+        tar = _TarFile.open(tar_path, mode="r:")
     except tarfile.ReadError as exc:
         raise Refused(BAD_INPUT, f"the artifact is not a tar archive ({exc})") from None
     with tar:
-        tar.copybufsize = READ_BYTES
         checked = (member for member, name in _members(tar, limits) if name)
         try:
             tar.extractall(dest, members=checked, filter="data")

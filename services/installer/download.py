@@ -3,8 +3,9 @@
 Every URL (the first and each redirect's target) must be https on a host of the
 allowlist. A body is read as a stream with a size cap, so an oversized or endless answer
 is cut off rather than held; an artifact's chunks go, with its sha256 computed on the way,
-to a sink (the installer's inspects the archive as it arrives and writes it to disk). An unreachable host or a 5xx answer is retried with back-off (tenacity) and
-is a 502 at the end; a 4xx is a 400 at once. Every refusal carries the upstream body, if any.
+to a sink (the installer's inspects the archive as it arrives and writes it to disk). An
+unreachable host or a 5xx answer is retried with back-off (tenacity) and is a 502 at the end;
+a 4xx is a 400 at once. Every refusal carries the upstream body, if any.
 
 The fetcher is synchronous, on the standard library's ``http.client``, and meant to run in
 a worker thread (``asyncio.to_thread``), keeping the event loop free for requests and lock
@@ -22,6 +23,7 @@ import ssl
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from http import HTTPStatus
 from typing import Protocol, TypeVar
 from urllib.parse import SplitResult, urljoin, urlsplit
 
@@ -32,6 +34,10 @@ from shared.logs import redact
 
 MAX_REDIRECTS = 5
 """Redirects followed before a fetch is refused."""
+
+REDIRECTS = frozenset({HTTPStatus.MOVED_PERMANENTLY, HTTPStatus.FOUND, HTTPStatus.SEE_OTHER,
+                       HTTPStatus.TEMPORARY_REDIRECT, HTTPStatus.PERMANENT_REDIRECT})
+"""The answers whose ``Location`` is followed (to an allowed https host)."""
 
 BODY_EXCERPT_CHARS = 500
 """How much of an upstream error body a refusal quotes."""
@@ -197,18 +203,19 @@ class Fetcher:
         current = url
         for _hop in range(MAX_REDIRECTS + 1):
             parsed = check_url(current, self.allowed_hosts, what if current == url else f"{what} redirect")
+            assert parsed.hostname is not None  # check_url refuses a URL naming no host
             connection = http.client.HTTPSConnection(parsed.hostname, parsed.port, timeout=self.timeout_s,
                                                      context=self._tls)
             try:
                 response = self._get(connection, parsed, what)
-                if response.status in (301, 302, 303, 307, 308) and response.getheader("location"):
+                if response.status in REDIRECTS and response.getheader("location"):
                     current = urljoin(current, response.getheader("location"))
                     continue
-                if response.status >= 400 or response.status < 200:
+                if response.status >= HTTPStatus.BAD_REQUEST or response.status < HTTPStatus.OK:
                     said = f"{current} answered {response.status}"
                     body = _excerpt(self._read_network(response, 4 * BODY_EXCERPT_CHARS, parsed))
                     said += f": {body}" if body else ""
-                    if response.status >= 500:
+                    if response.status >= HTTPStatus.INTERNAL_SERVER_ERROR:
                         raise _Transient(said)
                     raise Refused(BAD_INPUT, f"the {what} could not be fetched: {said}")
                 try:

@@ -18,10 +18,14 @@ from services.installer.archive import Inspection, Limits, inspect_stream
 QUEUE_CHUNKS = 16
 """Chunks (up to 1 MB each) buffered between the download and the inspection."""
 
-_END = object()
+class _Signal:
+    """Queued instead of a chunk: the download ended, or failed."""
+
+
+_END = _Signal()
 """Queued after the last chunk of a completed download."""
 
-_ABORT = object()
+_ABORT = _Signal()
 """Queued when a download attempt failed: the inspection stops quietly."""
 
 _WAIT_S = 0.1
@@ -35,27 +39,30 @@ class _Aborted(Exception):
 class _QueueReader:
     """A read-only file over the chunks arriving in a queue."""
 
-    def __init__(self, chunks: queue.Queue) -> None:
+    def __init__(self, chunks: queue.Queue[bytes | _Signal]) -> None:
         self._chunks, self._buffer, self._ended = chunks, bytearray(), False
 
-    def read(self, size: int = -1) -> bytes:
-        if not self._buffer and not self._ended and size > 0:
-            chunk = self._chunks.get()  # the common case: hand a whole chunk over uncopied
+    def _next(self) -> bytes | None:
+        """The next chunk; None once the download ended; :class:`_Aborted` if it failed."""
+        chunk = self._chunks.get()
+        if isinstance(chunk, _Signal):
             if chunk is _ABORT:
                 raise _Aborted()
-            if chunk is _END:
-                self._ended = True
+            self._ended = True
+            return None
+        return chunk
+
+    def read(self, size: int = -1, /) -> bytes:
+        if not self._buffer and not self._ended and size > 0:
+            chunk = self._next()  # the common case: hand a whole chunk over uncopied
+            if chunk is None:
                 return b""
             if len(chunk) <= size:
                 return chunk
             self._buffer += chunk
         while not self._ended and (size < 0 or len(self._buffer) < size):
-            chunk = self._chunks.get()
-            if chunk is _ABORT:
-                raise _Aborted()
-            if chunk is _END:
-                self._ended = True
-            else:
+            chunk = self._next()
+            if chunk is not None:
                 self._buffer += chunk
         take = len(self._buffer) if size < 0 else min(size, len(self._buffer))
         data = bytes(self._buffer[:take])
@@ -67,7 +74,7 @@ class LiveInspection:
     """One download attempt's inspection; a :class:`download.Sink`."""
 
     def __init__(self, module_id: str, version: str, limits: Limits, keep_tar: Path) -> None:
-        self._chunks: queue.Queue = queue.Queue(maxsize=QUEUE_CHUNKS)
+        self._chunks: queue.Queue[bytes | _Signal] = queue.Queue(maxsize=QUEUE_CHUNKS)
         self._result: Inspection | None = None
         self._error: BaseException | None = None
         self._done = threading.Event()
@@ -81,12 +88,12 @@ class LiveInspection:
                 self._result = inspect_stream(_QueueReader(self._chunks), module_id, version, limits, keep)
         except _Aborted:
             pass
-        except BaseException as exc:  # handed to the downloading thread
+        except BaseException as exc:  # noqa: BLE001 — any failure, a bug too, is the download's to raise
             self._error = exc
         finally:
             self._done.set()
 
-    def _put(self, item: object) -> None:
+    def _put(self, item: bytes | _Signal) -> None:
         """Queue ``item``; if the inspection already ended with a refusal, raise it instead."""
         while True:
             if self._done.is_set():
@@ -108,7 +115,7 @@ class LiveInspection:
     def abort(self) -> None:
         try:
             self._put(_ABORT)
-        except BaseException:
+        except BaseException:  # noqa: BLE001 — the inspection's own failure: moot once the download failed
             pass
         self._thread.join()
 

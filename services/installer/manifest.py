@@ -13,28 +13,17 @@ A manifest is a JSON object::
 from __future__ import annotations
 
 import json
-import re
 
 import semantic_version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from services.installer.refusals import BAD_INPUT, Refused
-from shared import subjects
+from shared.contracts.ids import ModuleId
+from shared.contracts.ids import is_module_id as is_module_id  # re-exported (tests/shared checks it)
 from shared.replies import describe_validation_error
 
 MODULE_API_VERSION = "1.11.0"
 """The core module API this site offers; a module's ``coreApi`` range must accept it."""
-
-MODULE_ID_PATTERN = subjects.MODULE_ID_PATTERN
-"""What a module id may look like: it names the module's directory and NATS subjects (one
-definition, in shared/subjects.py, for the installer and the web door)."""
-
-_MODULE_ID = re.compile(rf"^{MODULE_ID_PATTERN}$")
-
-
-def is_module_id(value: object) -> bool:
-    """True when ``value`` is a valid module id."""
-    return isinstance(value, str) and _MODULE_ID.fullmatch(value) is not None  # ``$`` passes "uo\n"
 
 
 class Manifest(BaseModel):
@@ -42,7 +31,7 @@ class Manifest(BaseModel):
 
     model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
 
-    id: str = Field(pattern=rf"^{MODULE_ID_PATTERN}$")
+    id: ModuleId
     version: str = Field(max_length=64)
     core_api: str = Field(alias="coreApi", max_length=128)
     artifact_url: str = Field(alias="artifactUrl", max_length=2048)
@@ -75,7 +64,7 @@ class Manifest(BaseModel):
 
 def api_satisfies(core_api: str, api_version: str = MODULE_API_VERSION) -> bool:
     """True when the npm-style range ``core_api`` accepts ``api_version``."""
-    return semantic_version.NpmSpec(core_api).match(semantic_version.Version(api_version))
+    return bool(semantic_version.NpmSpec(core_api).match(semantic_version.Version(api_version)))
 
 
 def parse_manifest(body: bytes, source: str) -> Manifest:

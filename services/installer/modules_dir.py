@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.installer.manifest import is_module_id
+from shared.contracts.ids import is_module_id
 
 SCRATCH_PREFIX = ".install-"
 """Start of a scratch directory's name; never a module (a module id has no dot)."""
@@ -52,7 +52,7 @@ class InstalledModule:
 
 def installed(modules_dir: Path) -> list[InstalledModule]:
     """Every module in ``modules_dir``, sorted by id (normally none or one)."""
-    found = []
+    found: list[InstalledModule] = []
     if not modules_dir.is_dir():
         return found
     for entry in sorted(modules_dir.iterdir()):

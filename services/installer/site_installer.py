@@ -15,31 +15,32 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
 from services.installer import archive, modules_dir
 from services.installer.download import Fetcher, check_url
 from services.installer.live_inspection import LiveInspection
-from services.installer.manifest import Manifest, is_module_id, parse_manifest
+from services.installer.manifest import Manifest, parse_manifest
 from services.installer.refusals import BAD_INPUT, NOT_INSTALLED, SITE_TAKEN, Refused
 from services.installer.settings import InstallerSettings
-from services.installer.site_lock import LockLost, SiteLock
+from services.installer.site_lock import Lease, LockLost, SiteLock
+from shared.contracts.ids import is_module_id
+from shared.contracts.installer import PROGRESS_EVERY_S, Stage
 
 log = logging.getLogger("shardbus.installer")
 
-LOCK_LOST = 503
+LOCK_LOST = HTTPStatus.SERVICE_UNAVAILABLE
 """The site lock expired mid-install (the replica stalled); nothing changed, try again."""
 
-PROGRESS_EVERY_S = 0.2
-"""Least pause between two download progress reports of one install."""
-
-StageProgress = Callable[[str, int, int | None], Awaitable[None]]
-"""Called with (stage, bytes done, bytes expected or None) as an install goes on."""
+StageProgress = Callable[[Stage, int, int | None], Coroutine[Any, Any, None]]
+"""Called with (stage, bytes done, bytes expected or None) as an install goes on; download
+reports come at most every :data:`shared.contracts.installer.PROGRESS_EVERY_S`."""
 
 
-async def _no_progress(_stage: str, _done: int, _total: int | None) -> None:
+async def _no_progress(_stage: Stage, _done: int, _total: int | None) -> None:
     return None
 
 
@@ -51,7 +52,7 @@ class _DownloadProgress:
         self._progress, self._expected = progress, expected
         self._loop = asyncio.get_running_loop()
         self._last_s = 0.0
-        self._sent: concurrent.futures.Future | None = None
+        self._sent: concurrent.futures.Future[None] | None = None
 
     def __call__(self, done: int, total: int | None) -> None:
         total = total or self._expected
@@ -73,8 +74,13 @@ def one_module_refusal(installed: modules_dir.InstalledModule, wanted: str) -> R
                                f"one module: upgrade {installed.id} or remove it first, then install {wanted}")
 
 
-def _module(m: modules_dir.InstalledModule | Manifest | None) -> dict[str, Any] | None:
-    return None if m is None else {"id": m.id, "version": m.version}
+def _module(m: modules_dir.InstalledModule | Manifest) -> dict[str, Any]:
+    """A module as the wire carries it (:class:`shared.contracts.installer.Module`)."""
+    return {"id": m.id, "version": m.version}
+
+
+def _maybe_module(m: modules_dir.InstalledModule | None) -> dict[str, Any] | None:
+    return None if m is None else _module(m)
 
 
 class SiteInstaller:
@@ -118,9 +124,9 @@ class SiteInstaller:
                                              "previous": previous.version if previous else None})
         await progress("done", stats["bytes"], stats["bytes"])
         return {"action": "upgraded" if previous else "installed", "module": _module(manifest),
-                "previous": _module(previous), **stats}
+                "previous": _maybe_module(previous), **stats}
 
-    async def _fetch_and_swap(self, manifest: Manifest, lease, progress: StageProgress) -> dict[str, Any]:
+    async def _fetch_and_swap(self, manifest: Manifest, lease: Lease, progress: StageProgress) -> dict[str, Any]:
         scratch = await asyncio.to_thread(modules_dir.make_scratch, self.dir, manifest.id)
         try:
             tar = scratch / "artifact.tar"
@@ -180,7 +186,8 @@ class SiteInstaller:
                 log.warning("declared module refused", extra={"url": entry["url"], "status": exc.status,
                                                               "reason": exc.message})
             except Exception as exc:  # a bug must not stop the service from starting
-                entry.update(state="failed", status=500, error=f"internal error ({type(exc).__name__})")
+                entry.update(state="failed", status=HTTPStatus.INTERNAL_SERVER_ERROR,
+                             error=f"internal error ({type(exc).__name__})")
                 log.exception("declared module failed", extra={"url": entry["url"]})
 
     def _clear_leftovers(self) -> None:

@@ -24,13 +24,21 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from http import HTTPStatus
 
 import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
-from nats.js.errors import (APIError, BadRequestError, BucketNotFoundError, KeyNotFoundError,
-                            KeyWrongLastSequenceError, NoStreamResponseError, NotFoundError,
-                            ServiceUnavailableError)
+from nats.js.errors import (
+    APIError,
+    BadRequestError,
+    BucketNotFoundError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NoStreamResponseError,
+    NotFoundError,
+    ServiceUnavailableError,
+)
 from nats.js.kv import KeyValue
 
 from services.installer.refusals import SITE_TAKEN, Refused
@@ -43,7 +51,7 @@ RENEWALS_PER_LEASE = 3
 MAX_POLL_S = 0.1
 """Longest pause between two tries of a waiter (a try is one small KV request)."""
 
-NATS_AWAY = 503
+NATS_AWAY = HTTPStatus.SERVICE_UNAVAILABLE
 """A lock that cannot be taken because NATS (or its JetStream) is away: nothing changed."""
 
 
@@ -54,7 +62,7 @@ def nats_is_away(exc: BaseException) -> bool:
     if isinstance(exc, ServiceUnavailableError):  # nobody answers the JetStream API (no JetStream)
         return True
     if isinstance(exc, APIError):
-        return exc.code == 503  # "JetStream system temporarily unavailable", no meta leader
+        return exc.code == HTTPStatus.SERVICE_UNAVAILABLE  # "JetStream system temporarily unavailable", no meta leader
     return isinstance(exc, (nats.errors.TimeoutError, nats.errors.NoRespondersError, NoStreamResponseError,
                             nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError,
                             nats.errors.ConnectionReconnectingError, nats.errors.OutboundBufferLimitError,
@@ -104,7 +112,7 @@ class Lease:
             self.revision = await self._kv.update(self._key, self._value, last=self.revision)
         except KeyWrongLastSequenceError:
             self.lost = True
-        except Exception as exc:  # NATS briefly away: keep trying until the lease runs out
+        except Exception as exc:  # noqa: BLE001 — NATS briefly away: keep trying until the lease runs out
             log.warning("could not renew the site lock", extra={"reason": repr(exc)})
 
     async def confirm(self) -> None:
@@ -115,7 +123,7 @@ class Lease:
         except KeyWrongLastSequenceError:
             self.lost = True
             raise LockLost("the site lock expired while this install was running") from None
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 — any failure to renew means the lease is not provably ours
             raise LockLost(f"the site lock could not be confirmed ({type(exc).__name__})") from None
 
     async def release(self) -> None:
@@ -124,7 +132,7 @@ class Lease:
             return
         try:
             await self._kv.delete(self._key, last=self.revision)
-        except Exception as exc:  # it expires by itself
+        except Exception as exc:  # noqa: BLE001 — it expires by itself
             log.warning("could not release the site lock", extra={"reason": repr(exc)})
 
 
@@ -172,6 +180,7 @@ class SiteLock:
     async def _holder(self) -> str:
         try:
             entry = await self.kv.get(self.key)
-            return json.loads(entry.value or b"{}").get("purpose", "unknown")
-        except Exception:
+            purpose = json.loads(entry.value or b"{}").get("purpose", "unknown")
+            return purpose if isinstance(purpose, str) else "unknown"
+        except Exception:  # noqa: BLE001 — only a detail of a 409's sentence: never worth failing it
             return "unknown"

@@ -8,22 +8,25 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
 from typing import Any
 
 import asyncpg
 from faststream import FastStream, Path
 from faststream.nats import NatsBroker
+from pydantic import BaseModel
 
 from services.ledger import console, expiry, migrate, resources, runs, statuses, sweep
-from services.ledger import requests as rq
 from services.ledger.event_stream import declare_events_stream
 from services.ledger.outbox_relay import OutboxRelay, stop_task
 from services.ledger.settings import LedgerSettings
 from services.ledger.store import Change, Database, DatabaseUnavailable, LedgerError, is_outage
 from shared import replies, subjects
 from shared.broker import add_health, make_app, make_broker
+from shared.contracts import ledger as c
 from shared.database import safe_url
+from shared.request_body import decode_body
 
 log = logging.getLogger("shardbus.ledger")
 
@@ -49,7 +52,7 @@ def _database_error(exc: Exception) -> dict[str, Any]:
     return replies.fail(500, f"internal database error ({type(exc).__name__}); the ledger logged the details")
 
 
-ERROR_REPLIES = {
+ERROR_REPLIES: dict[type[Exception], Callable[[Exception], dict[str, Any]]] = {
     LedgerError: _refused,
     # Every outage met inside ``db.connect()`` arrives as DatabaseUnavailable (store.py lists
     # the shapes); the rest of the map catches one raised anywhere else.
@@ -87,7 +90,7 @@ def create_app(settings: LedgerSettings | None = None) -> FastStream:
         try:
             await declare_events_stream(broker.connection.jetstream(), settings.jetstream_replicas,
                                         settings.events_duplicate_window_s)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  (any refusal: the events wait in the outbox)
             log.warning("ledger events stream not declared; run events wait in the outbox",
                         extra={"stream": subjects.LEDGER_EVENTS_STREAM, "reason": repr(exc)})
         relay = OutboxRelay(db.url, broker.connection)
@@ -131,165 +134,179 @@ async def watch_leases(db: Database, period_s: float) -> None:
             elif seen and not count:
                 log.info("no lease is past its deadline any more")
             seen = count
-        except Exception as exc:  # the database away: the next look will tell
+        except Exception as exc:  # noqa: BLE001  (the database away: the next look will tell)
             log.debug("lease check skipped", extra={"reason": type(exc).__name__})
         await asyncio.sleep(period_s)
 
 
+Answer = tuple[dict[str, Any] | bytes, list[Change]]
+"""What a ledger action gives back: the reply's fields (or a whole reply, already encoded) and
+the changes it committed (their events are in the outbox)."""
+
+
 def register_handlers(broker: NatsBroker, db: Database, concurrency: int,
                       committed: Callable[[list[Change]], None]) -> None:
-    """Subscribe every ledger subject in the ``ledger`` queue group, each handling up to
-    ``concurrency`` requests at once (one at a time would make every commit wait for the
-    one before it). ``committed`` hears of each request's changes (their events are already
-    in the outbox)."""
-
-    def subscriber(subject: str):  # noqa: ANN202  (FastStream's decorator)
-        # rq.decode_body: a body Python's json cannot read (too deep, a 5,000-digit integer)
-        # is a 400 naming the field or the body, not a 500.
-        return broker.subscriber(subject, queue=subjects.LEDGER_QUEUE, max_workers=concurrency,
-                                 decoder=rq.decode_body)
+    """Subscribe every subject of the ledger's contract (``shared.contracts.ledger.CONTRACTS``)
+    in the ``ledger`` queue group, each with the contract's request model and handling up to
+    ``concurrency`` requests at once (one at a time would make every commit wait for the one
+    before it). ``committed`` hears of each request's changes, to wake the outbox relay."""
 
     def page_bytes() -> int:
         # Pages (console, live rows, claims, runs) fit the connected server's max_payload.
         return console.page_bytes(broker.connection.max_payload)
 
-    @subscriber(subjects.LEDGER_RUN_CREATE)
-    async def create_run(body: rq.CreateRun) -> dict[str, Any]:
+    async def create_run(body: c.CreateRun) -> Answer:
         run, changes = await runs.create_run(db, body.run_id, body.shard, body.event, body.starts_at, body.ends_at)
-        committed(changes)  # their events are in the outbox: wake the relay
-        return replies.ok(run=run)
+        return {"run": run}, changes
 
-    @subscriber(subjects.LEDGER_RUN_STATUS)
-    async def run_status(body: rq.SetRunStatus) -> dict[str, Any]:
+    async def run_status(body: c.SetRunStatus) -> Answer:
         run, changes = await runs.set_run_status(db, body.run_id, body.status)
-        committed(changes)
-        return replies.ok(run=run)
+        return {"run": run}, changes
 
-    async def add(body: rq.AddResource, confirmed: bool) -> dict[str, Any]:
+    async def add(body: c.AddResource, confirmed: bool) -> Answer:
         resource, changes = await resources.add_resource(
             db, run_id=body.run_id, module=body.module, kind=body.kind, ref=body.ref,
             idempotency_key=body.idempotency_key, revert=body.revert, lease_deadline=body.lease_deadline,
             confirmed=confirmed)
-        committed(changes)
-        return replies.ok(resource=resource)
+        return {"resource": resource}, changes
 
-    @subscriber(subjects.LEDGER_RESOURCE_RESERVE)
-    async def reserve(body: rq.AddResource) -> dict[str, Any]:
+    async def reserve(body: c.AddResource) -> Answer:
         return await add(body, confirmed=False)
 
-    @subscriber(subjects.LEDGER_RESOURCE_RECORD)
-    async def record(body: rq.AddResource) -> dict[str, Any]:
+    async def record(body: c.AddResource) -> Answer:
         return await add(body, confirmed=True)
 
-    @subscriber(subjects.LEDGER_RESOURCE_CONFIRM)
-    async def confirm(body: rq.ResourceRef) -> dict[str, Any]:
+    async def confirm(body: c.ResourceRef) -> Answer:
         resource, changes = await resources.transition(db, body.resource_id, statuses.CONFIRM)
-        committed(changes)
-        return replies.ok(resource=resource)
+        return {"resource": resource}, changes
 
-    @subscriber(subjects.LEDGER_RESOURCE_FAIL)
-    async def fail(body: rq.FailResource) -> dict[str, Any]:
+    async def fail(body: c.FailResource) -> Answer:
         resource, changes = await resources.transition(db, body.resource_id, statuses.FAIL, body.error)
-        committed(changes)
-        return replies.ok(resource=resource)
+        return {"resource": resource}, changes
 
-    @subscriber(subjects.LEDGER_EXPIRED_PATTERN)
+    async def run_console(body: c.Console) -> Answer:
+        return await console.console(db, body.run_id, body.after, body.limit, page_bytes()), []
+
+    async def run_log(body: c.RunLogPage) -> Answer:
+        return await console.run_log(db, body.run_id, body.after, body.limit, page_bytes()), []
+
+    async def list_runs(body: c.ListRuns) -> Answer:
+        return await console.list_runs(db, body, page_bytes()), []
+
+    async def leases_overdue(body: c.LeasesOverdue) -> Answer:
+        _, reply = await console.leases_overdue(db, body.limit, page_bytes())
+        return reply, []
+
+    async def live(body: c.LiveRows) -> Answer:
+        return await console.live(db, body.module, body.limit, body.after, page_bytes()), []
+
+    async def live_modules(body: c.LiveModules) -> Answer:
+        return await console.live_modules(db, body.limit), []
+
+    async def settle(body: c.Settle) -> Answer:
+        count, changes = await sweep.settle(db)
+        return {"settled": count}, changes
+
+    async def candidates(body: c.Candidates) -> Answer:
+        return {"runs": await sweep.candidates(db, body.limit)}, []
+
+    async def claim(body: c.Claim) -> Answer:
+        run, changes, more = await sweep.claim(db, body.run_id, body.max_attempts, body.limit,
+                                               body.claim_timeout_s, page_bytes())
+        # Compact and UTF-8 as it is: at most the bytes the claim measured (its page budget).
+        return json.dumps(replies.ok(resources=[change.resource for change in changes], shard=run["shard"],
+                                     more=more), separators=(",", ":"), ensure_ascii=False).encode(), changes
+
+    async def reverted(body: c.ResourceRef) -> Answer:
+        resource, changes = await sweep.reverted(db, body.resource_id)
+        return {"resource": resource}, changes
+
+    async def drifted(body: c.Drifted) -> Answer:
+        resource, changes = await sweep.drifted(db, body.resource_id, body.error)
+        return {"resource": resource}, changes
+
+    async def failed(body: c.SweepFailed) -> Answer:
+        resource, changes = await sweep.failed(db, body.resource_id, body.error, body.transient)
+        return {"resource": resource}, changes
+
+    async def record_outcomes(body: c.SweepOutcomes) -> Answer:
+        result, changes = await sweep.outcomes(
+            db, [(o.resource_id, o.verdict, o.error) for o in body.outcomes],
+            body.away_backoff_s, body.away_backoff_max_s)
+        return result, changes
+
+    async def finish(body: c.Finish) -> Answer:
+        run, changes = await sweep.finish(db, body.run_id, body.max_attempts, body.summary)
+        return {"run": run}, changes
+
+    async def retry(body: c.RunRef) -> Answer:
+        run, changes = await sweep.retry(db, body.run_id)
+        return {"run": run}, changes
+
+    async def waiting(body: c.Waiting) -> Answer:
+        found, more = await sweep.waiting(db, body.limit)
+        return {"runs": found, "more": more}, []
+
+    actions: dict[str, Callable[[Any], Awaitable[Answer]]] = {
+        subjects.LEDGER_RUN_CREATE: create_run, subjects.LEDGER_RUN_STATUS: run_status,
+        subjects.LEDGER_RESOURCE_RESERVE: reserve, subjects.LEDGER_RESOURCE_RECORD: record,
+        subjects.LEDGER_RESOURCE_CONFIRM: confirm, subjects.LEDGER_RESOURCE_FAIL: fail,
+        subjects.LEDGER_CONSOLE: run_console, subjects.LEDGER_LOG: run_log, subjects.LEDGER_RUNS: list_runs,
+        subjects.LEDGER_LEASES_OVERDUE: leases_overdue, subjects.LEDGER_LIVE: live,
+        subjects.LEDGER_LIVE_MODULES: live_modules, subjects.LEDGER_SWEEP_SETTLE: settle,
+        subjects.LEDGER_SWEEP_CANDIDATES: candidates, subjects.LEDGER_SWEEP_CLAIM: claim,
+        subjects.LEDGER_SWEEP_REVERTED: reverted, subjects.LEDGER_SWEEP_DRIFTED: drifted,
+        subjects.LEDGER_SWEEP_FAILED: failed, subjects.LEDGER_SWEEP_OUTCOMES: record_outcomes,
+        subjects.LEDGER_SWEEP_FINISH: finish, subjects.LEDGER_SWEEP_RETRY: retry,
+        subjects.LEDGER_SWEEP_WAITING: waiting,
+    }
+
+    def subscribe(subject: str, handler: Callable[..., Awaitable[Any]]) -> None:
+        # decode_body: a body Python's json cannot read (too deep, a 5,000-digit integer) is a
+        # 400 naming the field or the body, not a 500.
+        broker.subscriber(subject, queue=subjects.LEDGER_QUEUE, max_workers=concurrency,
+                          decoder=decode_body)(handler)
+
+    for contract in c.CONTRACTS:
+        if "{" in contract.subject:
+            continue  # the module-token subjects below take the module from the subject
+        subscribe(contract.subject, answering(actions.pop(contract.subject), contract.request, committed))
+    if actions:  # pragma: no cover - an action no contract names would never be subscribed
+        raise RuntimeError(f"ledger actions without a contract: {sorted(actions)}")
+
     async def expired(body: Any, module: str = Path()) -> dict[str, Any]:
+        # Read leniently (SPEC 3): a malformed expiry answers {expired: 0} and writes nothing.
         count, changes = await expiry.expire(db, module, body)
         committed(changes)
         return replies.ok(expired=count)
 
-    @subscriber(subjects.LEDGER_RECONCILE_PATTERN)
-    async def reconcile(body: rq.Reconcile, module: str = Path()) -> dict[str, Any]:
-        if not rq.is_module_name(module):
-            return replies.fail(replies.BAD_REQUEST, f"module {module!r} in the subject is not a module name")
+    async def reconcile(body: c.Reconcile, module: str = Path()) -> dict[str, Any]:
+        if not c.is_module_name(module):
+            return replies.fail(HTTPStatus.BAD_REQUEST, f"module {module!r} in the subject is not a module name")
         count, changes = await resources.reconcile(db, module, body.run_id, body.kind, body.present)
         committed(changes)
         return replies.ok(orphaned=count)
 
-    @subscriber(subjects.LEDGER_CONSOLE)
-    async def run_console(body: rq.Console) -> bytes:
-        return await console.console(db, body.run_id, body.after, body.limit, page_bytes())
+    # The annotations as objects, not this module's postponed strings: FastStream resolves a
+    # string against the namespace of whoever builds the app (a caller's ``c`` shadowed ours).
+    expired.__annotations__ = {"body": Any, "module": str, "return": dict[str, Any]}
+    reconcile.__annotations__ = {"body": c.Reconcile, "module": str, "return": dict[str, Any]}
+    subscribe(subjects.LEDGER_EXPIRED_PATTERN, expired)
+    subscribe(subjects.LEDGER_RECONCILE_PATTERN, reconcile)
 
-    @subscriber(subjects.LEDGER_LOG)
-    async def run_log(body: rq.RunLogPage) -> bytes:
-        return await console.run_log(db, body.run_id, body.after, body.limit, page_bytes())
 
-    @subscriber(subjects.LEDGER_RUNS)
-    async def list_runs(body: rq.ListRuns) -> bytes:
-        return await console.list_runs(db, body, page_bytes())
+def answering(action: Callable[[Any], Awaitable[Answer]], request: type[BaseModel],
+              committed: Callable[[list[Change]], None]) -> Callable[..., Awaitable[dict[str, Any] | bytes]]:
+    """The handler of one subject: validate the body with the contract's ``request`` model,
+    act, tell ``committed`` what changed, reply 200 with the action's fields. Named after the
+    action (the AsyncAPI document's channel names come from it)."""
 
-    @subscriber(subjects.LEDGER_LEASES_OVERDUE)
-    async def leases_overdue(body: rq.LeasesOverdue) -> bytes:
-        _, reply = await console.leases_overdue(db, body.limit, page_bytes())
-        return reply
-
-    @subscriber(subjects.LEDGER_LIVE)
-    async def live(body: rq.LiveRows) -> bytes:
-        return await console.live(db, body.module, body.limit, body.after, page_bytes())
-
-    @subscriber(subjects.LEDGER_LIVE_MODULES)
-    async def live_modules(body: rq.LiveModules) -> bytes:
-        return await console.live_modules(db, body.limit)
-
-    @subscriber(subjects.LEDGER_SWEEP_SETTLE)
-    async def settle(body: rq.Settle) -> dict[str, Any]:
-        count, changes = await sweep.settle(db)
+    async def handler(body: Any) -> dict[str, Any] | bytes:
+        result, changes = await action(body)
         committed(changes)
-        return replies.ok(settled=count)
+        return replies.ok(**result) if isinstance(result, dict) else result
 
-    @subscriber(subjects.LEDGER_SWEEP_CANDIDATES)
-    async def candidates(body: rq.Candidates) -> dict[str, Any]:
-        return replies.ok(runs=await sweep.candidates(db, body.limit))
-
-    @subscriber(subjects.LEDGER_SWEEP_CLAIM)
-    async def claim(body: rq.Claim) -> bytes:
-        run, changes, more = await sweep.claim(db, body.run_id, body.max_attempts, body.limit,
-                                               body.claim_timeout_s, page_bytes())
-        committed(changes)
-        # Compact and UTF-8 as it is: at most the bytes the claim measured (its page budget).
-        return json.dumps(replies.ok(resources=[change.resource for change in changes], shard=run["shard"],
-                                     more=more), separators=(",", ":"), ensure_ascii=False).encode()
-
-    @subscriber(subjects.LEDGER_SWEEP_REVERTED)
-    async def reverted(body: rq.ResourceRef) -> dict[str, Any]:
-        resource, changes = await sweep.reverted(db, body.resource_id)
-        committed(changes)
-        return replies.ok(resource=resource)
-
-    @subscriber(subjects.LEDGER_SWEEP_DRIFTED)
-    async def drifted(body: rq.Drifted) -> dict[str, Any]:
-        resource, changes = await sweep.drifted(db, body.resource_id, body.error)
-        committed(changes)
-        return replies.ok(resource=resource)
-
-    @subscriber(subjects.LEDGER_SWEEP_FAILED)
-    async def failed(body: rq.SweepFailed) -> dict[str, Any]:
-        resource, changes = await sweep.failed(db, body.resource_id, body.error, body.transient)
-        committed(changes)
-        return replies.ok(resource=resource)
-
-    @subscriber(subjects.LEDGER_SWEEP_OUTCOMES)
-    async def record_outcomes(body: rq.SweepOutcomes) -> dict[str, Any]:
-        result, changes = await sweep.outcomes(
-            db, [(o.resource_id, o.verdict, o.error) for o in body.outcomes],
-            body.away_backoff_s, body.away_backoff_max_s)
-        committed(changes)
-        return replies.ok(**result)
-
-    @subscriber(subjects.LEDGER_SWEEP_FINISH)
-    async def finish(body: rq.Finish) -> dict[str, Any]:
-        run, changes = await sweep.finish(db, body.run_id, body.max_attempts, body.summary)
-        committed(changes)
-        return replies.ok(run=run)
-
-    @subscriber(subjects.LEDGER_SWEEP_RETRY)
-    async def retry(body: rq.RunRef) -> dict[str, Any]:
-        run, changes = await sweep.retry(db, body.run_id)
-        committed(changes)
-        return replies.ok(run=run)
-
-    @subscriber(subjects.LEDGER_SWEEP_WAITING)
-    async def waiting(body: rq.Waiting) -> dict[str, Any]:
-        found, more = await sweep.waiting(db, body.limit)
-        return replies.ok(runs=found, more=more)
+    handler.__name__ = handler.__qualname__ = action.__name__
+    # FastStream validates the body against the annotation (and documents it): the contract's model.
+    handler.__annotations__ = {"body": request, "return": dict[str, Any] | bytes}
+    return handler

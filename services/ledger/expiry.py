@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.ledger import statuses
-from services.ledger.requests import is_module_name, is_storable
-from services.ledger.resources import resource_events
-from services.ledger.store import Database, Change, resource_changes, rows, run_changes, run_events
+from services.ledger import queries, statuses
+from services.ledger.store import Change, Database, resource_changes, rows, run_changes
 from services.ledger.tables import KIND_MAX, REF_MAX
+from shared.contracts.ledger import is_module_name, is_storable
 
 
 def target_of(module: str, body: Any) -> tuple[str, str] | None:
@@ -26,7 +25,7 @@ def target_of(module: str, body: Any) -> tuple[str, str] | None:
     if not is_module_name(module) or not isinstance(body, dict):
         return None
     kind, ref = body.get("kind"), body.get("ref")
-    if not (is_storable(kind) and is_storable(ref)):
+    if not (isinstance(kind, str) and isinstance(ref, str) and is_storable(kind) and is_storable(ref)):
         return None
     if not (0 < len(kind) <= KIND_MAX and 0 < len(ref) <= REF_MAX):
         return None
@@ -39,36 +38,19 @@ async def expire(db: Database, module: str, body: Any) -> tuple[int, list[Change
     if target is None:
         return 0, []
     kind, ref = target
-    step = statuses.EXPIRE
+    step, settle = statuses.EXPIRE, statuses.SETTLE_AFTER_EXPIRY
     async with db.connect() as conn:
-        result = await rows(conn, f"""
-            WITH changed AS (
-                UPDATE resources SET status = :to, last_error = :why, updated_at = now(), claimed_at = NULL
-                WHERE module = :module AND kind = :kind AND ref = :ref AND status = ANY(:allowed)
-                RETURNING *
-            ), logged AS (
-                INSERT INTO run_log (run_id, resource_id, kind, detail)
-                SELECT run_id, id, :log_kind, jsonb_build_object('module', module, 'kind', kind, 'ref', ref)
-                FROM changed
-            ), {resource_events('changed', ':log_kind')}""",
-                              {"module": module, "kind": kind, "ref": ref, "to": step.to,
-                               "why": statuses.EXPIRED_ERROR,
-                               "allowed": list(step.allowed), "log_kind": step.log_kind})
+        result = await rows(conn, queries.EXPIRE,
+                            {"module": module, "kind": kind, "ref": ref, "to": step.to, "why": statuses.EXPIRED_ERROR,
+                             "allowed": list(step.allowed), "log_kind": step.log_kind})
         changes = resource_changes(result)
         run_ids = sorted({change.run["runId"] for change in changes})
         if run_ids:
             # A second statement: it must see the rows the first one just expired.
-            settled = await rows(conn, f"""
-                WITH changed AS (
-                    UPDATE runs r SET cleanup_status = 'complete', updated_at = now()
-                    WHERE r.run_id = ANY(:run_ids) AND r.status = ANY(:terminal) AND r.cleanup_status <> 'complete'
-                      AND NOT EXISTS (SELECT 1 FROM resources s WHERE s.run_id = r.run_id AND s.status = ANY(:unresolved))
-                    RETURNING *
-                ), logged AS (
-                    INSERT INTO run_log (run_id, kind, detail)
-                    SELECT run_id, 'cleanup.settled', '{{"by": "resource.expired"}}'::jsonb FROM changed
-                ), {run_events('changed', "'cleanup.settled'")}""",
-                                   {"run_ids": run_ids, "terminal": list(statuses.RUN_TERMINAL),
-                                    "unresolved": list(statuses.UNRESOLVED)})
+            settled = await rows(conn, queries.SETTLE_EXPIRED,
+                                 {"run_ids": run_ids, "terminal": list(statuses.RUN_TERMINAL),
+                                  "unresolved": list(statuses.UNRESOLVED), "to": settle.to,
+                                  "allowed": list(settle.allowed), "log_kind": settle.log_kind,
+                                  "by": step.log_kind})
             changes += run_changes(settled)
     return len(result), changes

@@ -16,6 +16,7 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
 
+from services.ledger import queries
 from shared.database import make_engine, normalise_url
 
 log = logging.getLogger("shardbus.ledger.migrate")
@@ -64,10 +65,11 @@ async def current_revision(url: str) -> str | None:
     engine = make_engine(url, pool_size=1)
     try:
         async with engine.connect() as conn:
-            exists = await conn.scalar(text("SELECT to_regclass('alembic_version') IS NOT NULL"))
+            exists = await conn.scalar(text(queries.SCHEMA_VERSIONED.text))
             if not exists:
                 return None
-            return await conn.scalar(text("SELECT version_num FROM alembic_version LIMIT 1"))
+            revision: str | None = await conn.scalar(text(queries.SCHEMA_VERSION.text))
+            return revision
     finally:
         await engine.dispose()
 

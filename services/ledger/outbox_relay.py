@@ -27,6 +27,7 @@ import asyncpg
 from nats.aio.client import Client as NATS
 from nats.js.errors import NotFoundError
 
+from services.ledger import queries
 from shared import subjects
 
 log = logging.getLogger("shardbus.ledger.relay")
@@ -110,7 +111,7 @@ class OutboxRelay:
                 pause = POLL_S / 10
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # database or NATS away: the events wait in the outbox
+            except Exception as exc:  # noqa: BLE001  (database or NATS away: the events wait in the outbox)
                 log.warning("outbox relay paused", extra={"reason": type(exc).__name__, "retry_s": pause})
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, RETRY_MAX_S)
@@ -119,9 +120,10 @@ class OutboxRelay:
         conn: asyncpg.Connection = await asyncpg.connect(
             self._dsn, timeout=self._connect_timeout_s, server_settings={"application_name": APPLICATION_NAME})
         try:
-            while not await conn.fetchval("SELECT pg_try_advisory_lock($1)", LOCK_KEY):
+            lock = queries.RELAY_TRY_LOCK
+            while not await conn.fetchval(lock.sql, *lock.args({"key": LOCK_KEY})):  # noqa: ASYNC110  (polls a lock)
                 await asyncio.sleep(POLL_S)
-            ledger_id = str(await conn.fetchval("SELECT ledger_id FROM ledger_identity"))
+            ledger_id = str(await conn.fetchval(queries.RELAY_LEDGER_ID.sql))
             await self._take_over(conn, ledger_id)
             while True:
                 self._wake.clear()
@@ -129,7 +131,7 @@ class OutboxRelay:
                     pass
                 try:
                     await asyncio.wait_for(self._wake.wait(), LOOK_S)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         finally:
             conn.terminate()  # ends the session: the lock goes with it
@@ -140,7 +142,7 @@ class OutboxRelay:
 
     async def _take_over(self, conn: asyncpg.Connection, ledger_id: str) -> None:
         """Delete the events a relay that died mid-batch had already published."""
-        mark = await conn.fetchval("SELECT min(claimed_after) FROM ledger_outbox")
+        mark = await conn.fetchval(queries.RELAY_MARK.sql)
         if mark is None:
             return
         last = await self._last_seq()
@@ -158,18 +160,15 @@ class OutboxRelay:
             if msg_id.startswith(prefix) and msg_id[len(prefix):].isdigit():
                 found.append(int(msg_id[len(prefix):]))
         if found:
-            await conn.execute("DELETE FROM ledger_outbox WHERE id = ANY($1::bigint[])", found)
+            await conn.execute(queries.RELAY_DELETE.sql, *queries.RELAY_DELETE.args({"ids": found}))
         log.info("outbox takeover", extra={"already_published": len(found)})
 
     async def _batch(self, conn: asyncpg.Connection, ledger_id: str) -> int:
         """Publish the oldest events, in id order; how many there were."""
-        if not await conn.fetchval("SELECT EXISTS (SELECT 1 FROM ledger_outbox)"):
+        if not await conn.fetchval(queries.RELAY_ANY.sql):
             return 0
         mark = await self._last_seq()
-        events = await conn.fetch("""
-            UPDATE ledger_outbox o SET claimed_after = COALESCE(o.claimed_after, $1)
-            FROM (SELECT id FROM ledger_outbox ORDER BY id LIMIT $2) picked WHERE o.id = picked.id
-            RETURNING o.id, o.run_id, o.type, o.run::text AS run, o.resource::text AS resource""", mark, BATCH)
+        events = await conn.fetch(queries.RELAY_TAKE.sql, *queries.RELAY_TAKE.args({"mark": mark, "batch": BATCH}))
         events.sort(key=lambda e: e["id"])
         for event in events:
             await self._js.publish(
@@ -177,5 +176,6 @@ class OutboxRelay:
                 payload(event["id"], event["type"], event["run"], event["resource"]),
                 stream=subjects.LEDGER_EVENTS_STREAM,
                 headers={"Nats-Msg-Id": message_id(ledger_id, event["id"])})
-        await conn.execute("DELETE FROM ledger_outbox WHERE id = ANY($1::bigint[])", [e["id"] for e in events])
+        published = [event["id"] for event in events]
+        await conn.execute(queries.RELAY_DELETE.sql, *queries.RELAY_DELETE.args({"ids": published}))
         return len(events)

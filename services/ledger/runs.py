@@ -5,28 +5,21 @@ from __future__ import annotations
 
 import uuid
 
-from services.ledger.statuses import RUN_STATUS_FROM, RUN_TERMINAL
-from services.ledger.store import Database, Change, Conflict, first, run_changes, run_events, run_or_not_found
+from services.ledger import queries, statuses
+from services.ledger.statuses import RunStatus
+from services.ledger.store import Change, Conflict, Database, Json, first, run_changes, run_or_not_found
 
 
 async def create_run(db: Database, run_id: str | None, shard: str, event: str, starts_at: int | None = None,
-                     ends_at: int | None = None) -> tuple[dict, list[Change]]:
+                     ends_at: int | None = None) -> tuple[Json, list[Change]]:
     """A new ``scheduled`` run, with its schedule if given (``startsAt``/``endsAt``, ms); a
     repeat with the same ``run_id`` returns the first run (409 if it names another shard,
     event or schedule)."""
     run_id = run_id or uuid.uuid4().hex
     async with db.connect() as conn:
-        row = await first(conn, f"""
-            WITH created AS (
-                INSERT INTO runs (run_id, shard, event, starts_at, ends_at)
-                VALUES (:run_id, :shard, :event, CAST(:starts_at AS bigint), CAST(:ends_at AS bigint))
-                ON CONFLICT (run_id) DO NOTHING RETURNING *
-            ), logged AS (
-                INSERT INTO run_log (run_id, kind, detail)
-                SELECT run_id, 'run.created', jsonb_build_object('shard', shard, 'event', event) FROM created
-            ), {run_events('created', "'run.created'")}""",
+        row = await first(conn, queries.CREATE_RUN,
                           {"run_id": run_id, "shard": shard, "event": event, "starts_at": starts_at,
-                           "ends_at": ends_at})
+                           "ends_at": ends_at, "log_kind": statuses.RUN_CREATED_LOG})
         if row is not None:
             change = run_changes([row])[0]
             return change.run, [change]
@@ -38,23 +31,14 @@ async def create_run(db: Database, run_id: str | None, shard: str, event: str, s
     return run, []
 
 
-async def set_run_status(db: Database, run_id: str, status: str) -> tuple[dict, list[Change]]:
+async def set_run_status(db: Database, run_id: str, status: RunStatus) -> tuple[Json, list[Change]]:
     """Move the run to ``status`` if the state machine allows it from where it is; asking for
     the status it already has changes nothing and answers the run."""
-    allowed = RUN_STATUS_FROM.get(status, ())
+    allowed = statuses.RUN_STATUS_FROM.get(status, ())
     async with db.connect() as conn:
-        row = await first(conn, f"""
-            WITH changed AS (
-                UPDATE runs SET status = :to, updated_at = now(),
-                       ended_at = CASE WHEN :terminal THEN now() ELSE ended_at END
-                WHERE run_id = :run_id AND status = ANY(:allowed)
-                RETURNING *
-            ), logged AS (
-                INSERT INTO run_log (run_id, kind, detail)
-                SELECT run_id, 'run.status', jsonb_build_object('status', status) FROM changed
-            ), {run_events('changed', "'run.status'")}""",
+        row = await first(conn, queries.SET_RUN_STATUS,
                           {"run_id": run_id, "to": status, "allowed": list(allowed),
-                           "terminal": status in RUN_TERMINAL})
+                           "terminal": status in statuses.RUN_TERMINAL, "log_kind": statuses.RUN_STATUS_LOG})
         if row is not None:
             change = run_changes([row])[0]
             return change.run, [change]
@@ -63,4 +47,3 @@ async def set_run_status(db: Database, run_id: str, status: str) -> tuple[dict, 
         return run, []
     raise Conflict(f"run {run_id!r} is {run['status']}; it cannot become {status} "
                    f"(only from {' or '.join(allowed) or 'nothing'})")
-

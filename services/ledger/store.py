@@ -1,6 +1,7 @@
 """What every ledger operation shares: its errors, the change record that becomes an update
-event, the SQL that renders a run or a resource as its wire JSON (camelCase, built by
-PostgreSQL so a 1,000-row console is one query), and small helpers to run SQL.
+event, and the helpers that run a named statement of ``queries.py`` (rows come back as dicts,
+read by column name; runs and resources come back as their wire JSON, rendered by PostgreSQL
+so a 1,000-row console is one query).
 
 Operations run SQL on an asyncpg pool, each statement its own transaction: a transition is
 one guarded statement whose WITH clause also writes the run-log entry, so the change and its
@@ -22,16 +23,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from functools import lru_cache
+from http import HTTPStatus
 from typing import Any
 
 import asyncpg
 
-from shared.status_words import CLEANUP_COLOUR, CLEANUP_WORD, RESOURCE_COLOUR, RESOURCE_WORD, RUN_COLOUR
+from services.ledger import queries
+from services.ledger.queries import Statement
 from shared.database import normalise_url
 
 CONNECT_TIMEOUT_S = 3.0
@@ -88,7 +89,7 @@ def is_outage(exc: BaseException | None) -> bool:
 
 
 class Database:
-    """The ledger's connection pool. Statements are written with ``:name`` parameters."""
+    """The ledger's connection pool. Statements are ``queries.py``'s, with ``:name`` parameters."""
 
     def __init__(self, url: str, pool_size: int = 10, *, connect_timeout_s: float | None = None,
                  acquire_timeout_s: float | None = None, statement_timeout_s: float | None = None) -> None:
@@ -151,68 +152,70 @@ async def _keep_session(_conn: asyncpg.Connection) -> None:
     return None
 
 
-class Row(dict):
-    """A result row whose columns read as attributes (``row.status``)."""
-
-    __getattr__ = dict.__getitem__
+Row = dict[str, Any]
+"""A result row: its columns by name (``row["status"]``)."""
 
 
-@lru_cache(maxsize=256)
-def _statement(sql: str) -> tuple[str, tuple[str, ...]]:
-    # ``:name`` → ``$n`` once per statement text (``::type`` casts are left alone).
-    names: list[str] = []
-
-    def number(match: re.Match[str]) -> str:
-        if match.group(1) not in names:
-            names.append(match.group(1))
-        return f"${names.index(match.group(1)) + 1}"
-
-    return _PARAM.sub(number, sql), tuple(names)
+async def rows(conn: asyncpg.Connection, statement: Statement, params: Mapping[str, Any] | None = None) -> list[Row]:
+    """Every row ``statement`` returns."""
+    return [dict(record) for record in await conn.fetch(statement.sql, *statement.args(params))]
 
 
-_PARAM = re.compile(r"(?<![:\w]):(\w+)")
+async def first(conn: asyncpg.Connection, statement: Statement, params: Mapping[str, Any] | None = None) -> Row | None:
+    """The first row ``statement`` returns, or None."""
+    record = await conn.fetchrow(statement.sql, *statement.args(params))
+    return None if record is None else dict(record)
 
 
-async def rows(conn: asyncpg.Connection, sql: str, params: Mapping[str, Any] | None = None) -> list[Row]:
-    """Every row ``sql`` returns."""
-    statement, names = _statement(sql)
-    return [Row(record) for record in await conn.fetch(statement, *((params or {})[n] for n in names))]
+async def one(conn: asyncpg.Connection, statement: Statement, params: Mapping[str, Any] | None = None) -> Row:
+    """The row of a statement that always returns one (an aggregate, a SELECT without FROM)."""
+    row = await first(conn, statement, params)
+    if row is None:  # pragma: no cover - the statement's shape guarantees a row
+        raise RuntimeError(f"{statement.name} returned no row")
+    return row
 
 
-async def first(conn: asyncpg.Connection, sql: str, params: Mapping[str, Any] | None = None) -> Row | None:
-    """The first row ``sql`` returns, or None."""
-    statement, names = _statement(sql)
-    record = await conn.fetchrow(statement, *((params or {})[n] for n in names))
-    return None if record is None else Row(record)
-
-
-async def read_first(conn: asyncpg.Connection, sql: str, params: Mapping[str, Any] | None = None) -> Row | None:
+async def read_first(conn: asyncpg.Connection, statement: Statement,
+                     params: Mapping[str, Any] | None = None) -> Row | None:
     """:func:`first` for the reads that page rows (console, log, runs, live): planned for the
     values given every time. asyncpg prepares each statement, and after five executions
     PostgreSQL may switch to a generic plan; for these reads that plan was 20 times slower
     (the run console of 1,000 rows in a database of 1,000,000: 7 ms custom, 165 ms generic,
     measured by bench/ledger.py). ``SET LOCAL`` keeps it to this statement's transaction."""
     async with conn.transaction():
-        await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
-        return await first(conn, sql, params)
+        await conn.execute(queries.FORCE_CUSTOM_PLAN.sql)
+        return await first(conn, statement, params)
+
+
+async def read_one(conn: asyncpg.Connection, statement: Statement,
+                   params: Mapping[str, Any] | None = None) -> Row:
+    """:func:`read_first` of a statement that always returns one row."""
+    row = await read_first(conn, statement, params)
+    if row is None:  # pragma: no cover - the statement's shape guarantees a row
+        raise RuntimeError(f"{statement.name} returned no row")
+    return row
 
 
 class LedgerError(Exception):
     """A request the ledger refuses; ``status`` is the reply's status."""
 
-    status = 500
+    status = HTTPStatus.INTERNAL_SERVER_ERROR
 
 
 class NotFound(LedgerError):
     """The request names a run or resource that does not exist."""
 
-    status = 404
+    status = HTTPStatus.NOT_FOUND
 
 
 class Conflict(LedgerError):
     """The request contradicts the ledger's state (a held target, a disallowed transition)."""
 
-    status = 409
+    status = HTTPStatus.CONFLICT
+
+
+Json = dict[str, Any]
+"""A run, a resource or a reply as its wire JSON."""
 
 
 @dataclass(frozen=True)
@@ -221,68 +224,16 @@ class Change:
     that made the change (``event_id`` is the outbox row); the relay publishes it."""
 
     type: str
-    run: dict[str, Any]
-    resource: dict[str, Any] | None = None
+    run: Json
+    resource: Json | None = None
     event_id: int | None = None
 
-    def event(self) -> dict[str, Any]:
+    def event(self) -> Json:
         """The update event's payload, as the relay publishes it."""
-        body: dict[str, Any] = {"eventId": self.event_id, "type": self.type, "run": self.run}
+        body: Json = {"eventId": self.event_id, "type": self.type, "run": self.run}
         if self.resource is not None:
             body["resource"] = self.resource
         return body
-
-
-def run_json(alias: str) -> str:
-    """SQL rendering the run row ``alias`` as its wire JSON."""
-    a = alias
-    return (f"json_build_object('runId', {a}.run_id, 'shard', {a}.shard, 'event', {a}.event, "
-            f"'status', {a}.status, 'colour', {_by_status(a, RUN_COLOUR)}, "
-            f"'cleanupStatus', {a}.cleanup_status, "
-            f"'cleanupWord', {_by_status(a, CLEANUP_WORD, 'cleanup_status')}, "
-            f"'cleanupColour', {_by_status(a, CLEANUP_COLOUR, 'cleanup_status')}, 'createdAt', {a}.created_at, "
-            f"'updatedAt', {a}.updated_at, 'endedAt', {a}.ended_at, "
-            f"'startsAt', {a}.starts_at, 'endsAt', {a}.ends_at)")
-
-
-def _by_status(alias: str, table: dict[str, str], column: str = "status") -> str:
-    """SQL: ``table[alias.column]`` (a CASE over constants from statuses.py, no parameters)."""
-    arms = " ".join(f"WHEN '{status}' THEN '{text}'" for status, text in table.items())
-    return f"CASE {alias}.{column} {arms} END"
-
-
-NOW_MS = "(extract(epoch FROM now()) * 1000)::bigint"
-"""SQL: the statement's time in epoch milliseconds (how lease deadlines are given)."""
-
-
-def deadline_passed(alias: str) -> str:
-    """SQL: the row ``alias`` is still ``confirmed`` after its ``leaseDeadline`` — a lease the
-    shard should have let go of (the console flags it; ``ledger.leases.overdue`` lists them)."""
-    return f"({alias}.status = 'confirmed' AND {alias}.lease_deadline < {NOW_MS})"
-
-
-def resource_json(alias: str) -> str:
-    """SQL rendering the resource row ``alias`` as its wire JSON (with the console's word and
-    colour for its status, shared/status_words.py)."""
-    a = alias
-    return (f"json_build_object('resourceId', {a}.id, 'runId', {a}.run_id, 'module', {a}.module, "
-            f"'kind', {a}.kind, 'ref', {a}.ref, 'status', {a}.status, "
-            f"'word', {_by_status(a, RESOURCE_WORD)}, 'colour', {_by_status(a, RESOURCE_COLOUR)}, "
-            f"'attempts', {a}.attempts, 'away', {a}.away, 'retryAt', {a}.retry_at, "
-            f"'gaveUp', {a}.gave_up, 'leaseDeadline', {a}.lease_deadline, "
-            f"'leaseDeadlinePassed', COALESCE({deadline_passed(a)}, false), 'revert', {a}.revert, "
-            f"'idempotencyKey', {a}.idempotency_key, 'lastError', {a}.last_error, "
-            f"'createdAt', {a}.created_at, 'updatedAt', {a}.updated_at)")
-
-
-def run_events(source: str, type_sql: str) -> str:
-    """SQL: a CTE ``events`` writing one outbox event of type ``type_sql`` (SQL) for each run
-    row of the CTE ``source``, then the SELECT of ``(event_id, type, run)`` every run-changing
-    statement ends with. The change and its event commit together (the transactional outbox)."""
-    return (f"events AS (INSERT INTO ledger_outbox (run_id, type, run) "
-            f"SELECT c.run_id, {type_sql}, {run_json('c')} FROM {source} c "
-            f"RETURNING id, type, run::text AS run) "
-            f"SELECT id AS event_id, type, run FROM events ORDER BY id")
 
 
 def as_json(value: Any) -> Any:
@@ -290,24 +241,23 @@ def as_json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
-def resource_changes(result: list[Any]) -> list[Change]:
-    """Turn ``(event_id, type, run, resource)`` rows (``resources.resource_events``) into changes."""
-    return [Change(row.type, as_json(row.run), as_json(row.resource), row.event_id) for row in result]
+def as_object(value: Any) -> Json:
+    """A JSON column holding an object (a run, a resource) as Python."""
+    parsed = as_json(value)
+    if not isinstance(parsed, dict):  # pragma: no cover - the statements render objects
+        raise TypeError(f"expected a JSON object, got {type(parsed).__name__}")
+    return parsed
 
 
-def run_changes(result: list[Any]) -> list[Change]:
-    """Turn ``(event_id, type, run)`` rows (:func:`run_events`) into changes."""
-    return [Change(row.type, as_json(row.run), None, row.event_id) for row in result]
+def resource_changes(result: list[Row]) -> list[Change]:
+    """Turn ``(event_id, type, run, resource)`` rows (``queries.resource_events``) into changes."""
+    return [Change(row["type"], as_object(row["run"]), as_object(row["resource"]), row["event_id"])
+            for row in result]
 
 
-async def resource_or_conflict(conn: asyncpg.Connection, resource_id: int, action: str,
-                               allowed: tuple[str, ...]) -> LedgerError:
-    """Why a guarded resource transition changed nothing: the row is missing, or in a status
-    the transition does not start from."""
-    row = await first(conn, "SELECT status FROM resources WHERE id = :id", {"id": resource_id})
-    if row is None:
-        return NotFound(f"no resource {resource_id}")
-    return conflict(resource_id, row.status, action, allowed)
+def run_changes(result: list[Row]) -> list[Change]:
+    """Turn ``(event_id, type, run)`` rows (``queries.run_events``) into changes."""
+    return [Change(row["type"], as_object(row["run"]), None, row["event_id"]) for row in result]
 
 
 def conflict(resource_id: int, status: str, action: str, allowed: tuple[str, ...]) -> Conflict:
@@ -315,9 +265,9 @@ def conflict(resource_id: int, status: str, action: str, allowed: tuple[str, ...
     return Conflict(f"resource {resource_id} is {status}; {action} needs it to be {' or '.join(allowed)}")
 
 
-async def run_or_not_found(conn: asyncpg.Connection, run_id: str) -> dict[str, Any]:
+async def run_or_not_found(conn: asyncpg.Connection, run_id: str) -> Json:
     """The run's wire JSON, or NotFound."""
-    row = await first(conn, f"SELECT {run_json('r')}::text AS run FROM runs r WHERE run_id = :id", {"id": run_id})
+    row = await first(conn, queries.RUN_BY_ID, {"id": run_id})
     if row is None:
         raise NotFound(f"no run {run_id!r}")
-    return as_json(row.run)
+    return as_object(row["run"])

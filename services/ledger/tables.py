@@ -11,17 +11,40 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import (JSON, BigInteger, Boolean, CheckConstraint, Column, DateTime, ForeignKey, Index, Integer,
-                        SmallInteger, String, UniqueConstraint, Uuid, text)
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    SmallInteger,
+    String,
+    UniqueConstraint,
+    Uuid,
+    text,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
-from services.ledger.statuses import CLEANUP_STATUSES, LIVE, RESOURCE_STATUSES, REVERTABLE, RUN_STATUSES
-from shared.subjects import LEDGER_ID_PATTERN
+from services.ledger.statuses import (
+    CLEANUP_STATUSES,
+    LIVE,
+    NEW_RUN,
+    NEW_RUN_CLEANUP,
+    RESOURCE_STATUSES,
+    REVERTABLE,
+    RUN_STATUSES,
+    sql_one_of,
+)
+from shared.contracts.ids import LEDGER_ID_PATTERN
 
 ID_PATTERN = f"^{LEDGER_ID_PATTERN}$"
 """What a run id and a module name may look like: each becomes a NATS subject token (one
-definition, in shared/subjects.py, for every service and the web door)."""
+definition, in shared/contracts/ids.py, for every service and the web door)."""
 
 KIND_MAX = 64
 """Longest resource kind."""
@@ -36,11 +59,7 @@ IDEMPOTENCY_KEY_MAX = 200
 """Longest idempotency key."""
 
 
-def _one_of(column: str, values: tuple[str, ...]) -> str:
-    return f"{column} IN ({', '.join(repr(v) for v in values)})"
-
-
-def _now() -> Column:
+def _now() -> Column[datetime]:
     return Column(DateTime(timezone=True), nullable=False, server_default=text("now()"))
 
 
@@ -50,8 +69,8 @@ class Run(SQLModel, table=True):
     __tablename__ = "runs"
     __table_args__ = (
         CheckConstraint(f"run_id ~ '{ID_PATTERN}'", name="ck_runs_run_id"),
-        CheckConstraint(_one_of("status", RUN_STATUSES), name="ck_runs_status"),
-        CheckConstraint(_one_of("cleanup_status", CLEANUP_STATUSES), name="ck_runs_cleanup_status"),
+        CheckConstraint(sql_one_of("status", RUN_STATUSES), name="ck_runs_status"),
+        CheckConstraint(sql_one_of("cleanup_status", CLEANUP_STATUSES), name="ck_runs_cleanup_status"),
         CheckConstraint("char_length(shard) >= 1 AND char_length(event) >= 1", name="ck_runs_names"),
         CheckConstraint("starts_at IS NULL OR ends_at IS NULL OR ends_at >= starts_at", name="ck_runs_schedule"),
         Index("ix_runs_status_cleanup", "status", "cleanup_status"),
@@ -64,8 +83,8 @@ class Run(SQLModel, table=True):
     run_id: str = Field(sa_column=Column(String(64), primary_key=True))
     shard: str = Field(sa_column=Column(String(32), nullable=False))
     event: str = Field(sa_column=Column(String(128), nullable=False))
-    status: str = Field(sa_column=Column(String(16), nullable=False, server_default="scheduled"))
-    cleanup_status: str = Field(sa_column=Column(String(16), nullable=False, server_default="pending"))
+    status: str = Field(sa_column=Column(String(16), nullable=False, server_default=NEW_RUN))
+    cleanup_status: str = Field(sa_column=Column(String(16), nullable=False, server_default=NEW_RUN_CLEANUP))
     created_at: datetime | None = Field(default=None, sa_column=_now())
     updated_at: datetime | None = Field(default=None, sa_column=_now())
     ended_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
@@ -80,15 +99,15 @@ class Resource(SQLModel, table=True):
 
     __tablename__ = "resources"
     __table_args__ = (
-        CheckConstraint(_one_of("status", RESOURCE_STATUSES), name="ck_resources_status"),
-        CheckConstraint(f"previous_status IS NULL OR {_one_of('previous_status', REVERTABLE)}",
+        CheckConstraint(sql_one_of("status", RESOURCE_STATUSES), name="ck_resources_status"),
+        CheckConstraint(f"previous_status IS NULL OR {sql_one_of('previous_status', REVERTABLE)}",
                         name="ck_resources_previous_status"),
         CheckConstraint(f"module ~ '{ID_PATTERN}'", name="ck_resources_module"),
         CheckConstraint("char_length(kind) >= 1 AND char_length(ref) >= 1", name="ck_resources_target"),
         CheckConstraint("attempts >= 0", name="ck_resources_attempts"),
         CheckConstraint("jsonb_typeof(revert) = 'object'", name="ck_resources_revert"),
         Index("uq_resources_live_target", "module", "kind", "ref", unique=True,
-              postgresql_where=text(_one_of("status", LIVE))),
+              postgresql_where=text(sql_one_of("status", LIVE))),
         Index("ix_resources_run_status", "run_id", "status"),
         Index("ix_resources_status_lease", "status", "lease_deadline"),
         UniqueConstraint("idempotency_key", name="uq_resources_idempotency_key"),

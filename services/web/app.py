@@ -69,7 +69,9 @@ def create_app(settings: WebSettings | None = None) -> FastStream:
         host, port = sock.getsockname()[:2]
         state["url"] = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
         config = uvicorn.Config(http, log_config=None, access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=STOP_GRACE_S, ws_max_size=1024 * 1024,
+                                # uvicorn annotates this int, but only passes it to asyncio.wait_for (seconds, a float)
+                                timeout_graceful_shutdown=STOP_GRACE_S,  # type: ignore[arg-type]
+                                ws_max_size=1024 * 1024,
                                 ws_ping_interval=20.0, ws_ping_timeout=20.0,
                                 # Feed events are small JSON: compressing each one cost a third of
                                 # the feed's CPU for little (bench/web_feed.py, docs/performance.md).

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Literal
 
 from fastapi import HTTPException, Request
@@ -47,17 +48,17 @@ class Tokens:
     def caller(self, authorization: str | None) -> Caller:
         """The caller a request's ``Authorization`` header names; 401 otherwise."""
         if not authorization:
-            raise HTTPException(401, NO_TOKEN, headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(HTTPStatus.UNAUTHORIZED, NO_TOKEN, headers={"WWW-Authenticate": "Bearer"})
         scheme, _, presented = authorization.partition(" ")
         if scheme.lower() not in ("bearer", "token") or not presented.strip():
-            raise HTTPException(401, NO_TOKEN, headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(HTTPStatus.UNAUTHORIZED, NO_TOKEN, headers={"WWW-Authenticate": "Bearer"})
         given = presented.strip().encode()
         found: Caller | None = None
         for token, caller in self._entries:  # every entry compared: no early exit to time
             if hmac.compare_digest(token, given):
                 found = caller
         if found is None:
-            raise HTTPException(401, WRONG_TOKEN, headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(HTTPStatus.UNAUTHORIZED, WRONG_TOKEN, headers={"WWW-Authenticate": "Bearer"})
         return found
 
 
@@ -73,7 +74,8 @@ async def website(request: Request) -> Caller:
     """Dependency: the website or the operator."""
     caller = _caller(request)
     if caller.role == "module":
-        raise HTTPException(403, f"module {caller.module!r} may only report its own expiries and reconciles")
+        raise HTTPException(HTTPStatus.FORBIDDEN,
+                            f"module {caller.module!r} may only report its own expiries and reconciles")
     return caller
 
 
@@ -81,7 +83,7 @@ async def operator(request: Request) -> Caller:
     """Dependency: the operator only."""
     caller = _caller(request)
     if caller.role != "operator":
-        raise HTTPException(403, "this route is the operator's: use the operator token")
+        raise HTTPException(HTTPStatus.FORBIDDEN, "this route is the operator's: use the operator token")
     return caller
 
 
@@ -89,5 +91,5 @@ async def module(request: Request) -> Caller:
     """Dependency: a module (acting for itself) or the operator."""
     caller = _caller(request)
     if caller.role == "website":
-        raise HTTPException(403, "this route is a module's: use that module's token")
+        raise HTTPException(HTTPStatus.FORBIDDEN, "this route is a module's: use that module's token")
     return caller

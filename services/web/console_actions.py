@@ -3,7 +3,8 @@
 (``installer.install`` / ``installer.remove``), each relayed verbatim as the door's HTTP routes
 relay them (a change also wants the CSRF token); an install's progress
 (``installer.progress.<requestId>``) as server-sent events; and the live feed (``/events``)
-for a browser that holds the cookie instead of a token."""
+for a browser that holds the cookie instead of a token. The installer's requests, replies and
+progress events are read and written with its contract (:mod:`shared.contracts.installer`)."""
 
 from __future__ import annotations
 
@@ -13,18 +14,22 @@ import json
 import re
 import time
 from collections.abc import AsyncIterator
+from http import HTTPStatus
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
+from pydantic import ValidationError
 
 from services.web import console_auth
 from services.web.feed import open_event_stream
 from services.web.feed_filter import FeedFilter, FeedQueryError, sequence
-from services.web.installer_routes import INSTALL_TIMEOUT_S, REMOVE_TIMEOUT_S
+from services.web.installer_routes import INSTALL_TIMEOUT_S, MODULE_ID_RULE, REMOVE_TIMEOUT_S, ask_installer
 from services.web.ledger_routes import CLEANUP_TIMEOUT_S
 from services.web.relay import json_object, relay
 from shared import subjects
+from shared.contracts import installer as c
+from shared.contracts.ids import LEDGER_ID_PATTERN, REQUEST_ID_PATTERN, is_ledger_id, is_module_id
 
 router = APIRouter(include_in_schema=False)
 
@@ -39,8 +44,8 @@ PROGRESS_KEEPALIVE_S = 10.0
 
 
 def _run_id(run_id: str) -> str:
-    if re.fullmatch(subjects.LEDGER_ID_PATTERN, run_id) is None:
-        raise HTTPException(400, f"runId must match {subjects.LEDGER_ID_PATTERN}")
+    if not is_ledger_id(run_id):
+        raise HTTPException(HTTPStatus.BAD_REQUEST, f"runId must match {LEDGER_ID_PATTERN}")
     return run_id
 
 
@@ -58,28 +63,27 @@ async def retry(request: Request, run_id: str, _session: Change) -> Response:
 
 @router.post("/console/api/module/install")
 async def install(request: Request, _session: Change, body: Body) -> Response:
-    wanted = {k: body[k] for k in ("url", "requestId") if k in body}
-    return await relay(request, subjects.INSTALLER_INSTALL, wanted, service="installer",
-                       timeout_s=INSTALL_TIMEOUT_S, success=201)
+    return await ask_installer(request, subjects.INSTALLER_INSTALL, c.InstallRequest, body, c.InstallReply,
+                               timeout_s=INSTALL_TIMEOUT_S, success=HTTPStatus.CREATED)
 
 
 @router.post("/console/api/module/{module_id}/remove")
 async def remove(request: Request, module_id: str, _session: Change) -> Response:
-    if re.fullmatch(subjects.MODULE_ID_PATTERN, module_id) is None:
-        raise HTTPException(400, f"a module id must match {subjects.MODULE_ID_PATTERN}")
-    return await relay(request, subjects.INSTALLER_REMOVE, {"id": module_id}, service="installer",
-                       timeout_s=REMOVE_TIMEOUT_S)
+    if not is_module_id(module_id):
+        raise HTTPException(HTTPStatus.BAD_REQUEST, MODULE_ID_RULE)
+    return await ask_installer(request, subjects.INSTALLER_REMOVE, c.RemoveRequest, {"id": module_id}, c.RemoveReply,
+                               timeout_s=REMOVE_TIMEOUT_S)
 
 
 @router.get("/console/api/install-progress/{request_id}")
 async def install_progress(request: Request, request_id: str, _session: Reader) -> Response:
     """``event: ready`` once subscribed (start the install then), then each progress event
     (``{requestId, stage, done, total}``) until the stage ``done``."""
-    if re.fullmatch(subjects.REQUEST_ID_PATTERN, request_id) is None:
-        raise HTTPException(400, f"requestId must match {subjects.REQUEST_ID_PATTERN}")
+    if re.fullmatch(REQUEST_ID_PATTERN, request_id) is None:
+        raise HTTPException(HTTPStatus.BAD_REQUEST, f"requestId must match {REQUEST_ID_PATTERN}")
     nc = request.app.state.nc
     if nc is None or not nc.is_connected:
-        raise HTTPException(503, "the web door is not connected to NATS; retry shortly")
+        raise HTTPException(HTTPStatus.SERVICE_UNAVAILABLE, "the web door is not connected to NATS; retry shortly")
     queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=256)
 
     async def heard(msg: Any) -> None:
@@ -99,17 +103,15 @@ async def _progress(sub: Any, queue: asyncio.Queue[bytes]) -> AsyncIterator[byte
         while time.monotonic() < deadline:
             try:
                 data = await asyncio.wait_for(queue.get(), PROGRESS_KEEPALIVE_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 yield b": keep-alive\n\n"
                 continue
             try:
-                event = json.loads(data)
-            except ValueError:
+                event = c.ProgressEvent.model_validate_json(data)
+            except ValidationError:  # not JSON, or not a progress event: not the installer's
                 continue
-            if not isinstance(event, dict):
-                continue
-            yield f"data: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
-            if event.get("stage") == "done":
+            yield f"data: {json.dumps(event.wire(), separators=(',', ':'))}\n\n".encode()
+            if event.stage == "done":
                 return
     finally:
         with contextlib.suppress(Exception):
@@ -125,9 +127,10 @@ async def console_events(request: Request, _session: Reader) -> Response:
         query.setdefault(key, []).append(value)
     try:
         wanted = FeedFilter.parse(query, app.state.settings.web_feed_boards)
-        since = sequence("since", (query.get("since") or [None])[-1])
+        given = query.get("since")
+        since = sequence("since", given[-1] if given else None)
         if (last := request.headers.get("last-event-id")) is not None:
             since = sequence("Last-Event-ID", last.strip())
     except FeedQueryError as exc:
-        raise HTTPException(400, str(exc)) from None
+        raise HTTPException(HTTPStatus.BAD_REQUEST, str(exc)) from None
     return await open_event_stream(app, wanted, since)

@@ -16,6 +16,8 @@ import hashlib
 import hmac
 import secrets
 import time
+from http import HTTPStatus
+from typing import Literal, TypedDict
 
 from fastapi import HTTPException, Request
 
@@ -85,7 +87,16 @@ def csrf_token(request: Request, nonce: str) -> str:
     return _mac(key, f"csrf.{nonce}")[:40]
 
 
-def cookie_flags(request: Request) -> dict[str, object]:
+class CookieFlags(TypedDict):
+    """The session cookie's attributes, as ``Response.set_cookie`` and ``delete_cookie`` take them."""
+
+    httponly: bool
+    samesite: Literal["lax", "strict", "none"]
+    path: str
+    secure: bool
+
+
+def cookie_flags(request: Request) -> CookieFlags:
     """The cookie's attributes (``Response.set_cookie`` keywords)."""
     return {"httponly": True, "samesite": "strict", "path": "/console",
             "secure": request.url.scheme == "https"}
@@ -95,7 +106,7 @@ async def operator_api(request: Request) -> str:
     """Dependency of the console's JSON and event routes: the session's nonce, or 401."""
     nonce = session(request)
     if nonce is None:
-        raise HTTPException(401, "log in to the console first (/console/login)")
+        raise HTTPException(HTTPStatus.UNAUTHORIZED, "log in to the console first (/console/login)")
     return nonce
 
 
@@ -104,5 +115,5 @@ async def operator_change(request: Request) -> str:
     nonce = await operator_api(request)
     given = request.headers.get(CSRF_HEADER, "")
     if not hmac.compare_digest(given.encode(), csrf_token(request, nonce).encode()):
-        raise HTTPException(403, "missing or wrong console CSRF token: reload the page")
+        raise HTTPException(HTTPStatus.FORBIDDEN, "missing or wrong console CSRF token: reload the page")
     return nonce

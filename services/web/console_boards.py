@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import Request
@@ -60,7 +61,7 @@ def generic(item: dict[str, Any]) -> dict[str, Any]:
 async def read(request: Request, shard: str, board: str) -> dict[str, Any]:
     """One board: its items as shown, or why it cannot be shown."""
     answer = await ask(request, subjects.board(shard, board), {}, "gateway")
-    if answer.status == 404:
+    if answer.status == HTTPStatus.NOT_FOUND:
         return {"board": board, "missing": answer.reply.get("error") or "no such board", "items": []}
     if not answer.ok:
         return {"board": board, "error": answer.error, "items": []}

@@ -4,6 +4,7 @@ exception), and a scatter-gather for subjects every replica answers (``gateway.s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import Request
@@ -50,9 +51,10 @@ async def ask(request: Request, subject: str, body: dict[str, Any], service: str
     except TooLarge as exc:
         return Answer(error=str(exc))
     answer = Answer(reply)
-    if not 200 <= answer.status < 300:
+    if not HTTPStatus.OK <= answer.status < HTTPStatus.MULTIPLE_CHOICES:
         said = reply.get("error")
-        answer.error = f"{answer.status or 'no status'}: {said if isinstance(said, str) else 'the ' + service + ' refused'}"
+        why = said if isinstance(said, str) else f"the {service} refused"
+        answer.error = f"{answer.status or 'no status'}: {why}"
     return answer
 
 

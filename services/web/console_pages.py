@@ -6,6 +6,7 @@ no inline script, style or event handler), no caching, and a ``Server-Timing`` h
 from __future__ import annotations
 
 import time
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -56,7 +57,7 @@ def headers(request: Request) -> dict[str, str]:
     return out
 
 
-def render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+def render(request: Request, template: str, status: int = HTTPStatus.OK, **context: Any) -> HTMLResponse:
     """``template`` with ``context``, the session's CSRF token and the page's security headers."""
     nonce = getattr(request.state, "console_nonce", None)
     context.setdefault("csrf", console_auth.csrf_token(request, nonce) if nonce else "")

@@ -7,19 +7,31 @@ from __future__ import annotations
 
 import asyncio
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from http import HTTPStatus
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode
 
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
+from pydantic import ValidationError
 
-from services.web import (console_auth, console_boards, console_leases, console_pages, console_run, console_runs,
-                          console_shards)
+from services.web import (
+    console_auth,
+    console_boards,
+    console_leases,
+    console_pages,
+    console_run,
+    console_runs,
+    console_shards,
+)
 from services.web.console_nats import ask
 from services.web.console_pages import render
 from services.web.console_words import CLEANUP, RUN
 from shared import subjects
+from shared.contracts import installer as c
+from shared.contracts.ids import LEDGER_ID_PATTERN, RUN_ID_MAX, is_ledger_id, is_shard_id
+from shared.replies import describe_validation_error
 
 router = APIRouter(include_in_schema=False)
 
@@ -38,7 +50,7 @@ def _page(request: Request) -> Response | None:
     nonce = console_auth.session(request)
     if nonce is None:
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        return RedirectResponse("/console/login?" + urlencode({"next": target}), status_code=303,
+        return RedirectResponse("/console/login?" + urlencode({"next": target}), status_code=HTTPStatus.SEE_OTHER,
                                 headers=console_pages.SECURITY_HEADERS)
     request.state.console_nonce = nonce
     return None
@@ -56,13 +68,13 @@ def _next(value: str | None) -> str:
 
 @router.get("/console")
 async def console_home() -> Response:
-    return RedirectResponse("/console/runs", status_code=303)
+    return RedirectResponse("/console/runs", status_code=HTTPStatus.SEE_OTHER)
 
 
 @router.get("/console/login")
-async def login_page(request: Request, next: str | None = None) -> Response:  # noqa: A002
+async def login_page(request: Request, next: str | None = None) -> Response:
     if console_auth.session(request) is not None:
-        return RedirectResponse(_next(next), status_code=303)
+        return RedirectResponse(_next(next), status_code=HTTPStatus.SEE_OTHER)
     return render(request, "login.html", next=_next(next), error=None)
 
 
@@ -73,8 +85,8 @@ async def login(request: Request) -> Response:
     target = _next(form.get("next"))
     if refused is not None:
         await asyncio.sleep(LOGIN_FAILURE_DELAY_S)
-        return render(request, "login.html", status=401, next=target, error=refused)
-    response = RedirectResponse(target, status_code=303, headers=console_pages.SECURITY_HEADERS)
+        return render(request, "login.html", status=HTTPStatus.UNAUTHORIZED, next=target, error=refused)
+    response = RedirectResponse(target, status_code=HTTPStatus.SEE_OTHER, headers=console_pages.SECURITY_HEADERS)
     response.set_cookie(console_auth.COOKIE, console_auth.new_session(request), max_age=console_auth.SESSION_S,
                         **console_auth.cookie_flags(request))
     return response
@@ -85,9 +97,10 @@ async def logout(request: Request) -> Response:
     form = await _form(request)
     nonce = console_auth.session(request)
     if nonce is not None and form.get("csrf") != console_auth.csrf_token(request, nonce):
-        return render(request, "login.html", status=403, next="/console/runs",
+        return render(request, "login.html", status=HTTPStatus.FORBIDDEN, next="/console/runs",
                       error="the logout form is stale: reload the page and log out again")
-    response = RedirectResponse("/console/login", status_code=303, headers=console_pages.SECURITY_HEADERS)
+    response = RedirectResponse("/console/login", status_code=HTTPStatus.SEE_OTHER,
+                                headers=console_pages.SECURITY_HEADERS)
     response.delete_cookie(console_auth.COOKIE, **console_auth.cookie_flags(request))
     return response
 
@@ -137,14 +150,14 @@ async def leases(request: Request) -> Response:
 async def run(request: Request, run_id: str, after: str | None = None) -> Response:
     if (login_first := _page(request)) is not None:
         return login_first
-    if re.fullmatch(subjects.LEDGER_ID_PATTERN, run_id) is None:
-        view = console_run.RunView(run_id[:64], error=f"a run id must match {subjects.LEDGER_ID_PATTERN}")
-        return render(request, "run.html", status=404, page="runs", view=view, feed="", after=None)
+    if not is_ledger_id(run_id):
+        view = console_run.RunView(run_id[:RUN_ID_MAX], error=f"a run id must match {LEDGER_ID_PATTERN}")
+        return render(request, "run.html", status=HTTPStatus.NOT_FOUND, page="runs", view=view, feed="", after=None)
     after_id = int(after) if after and after.isdigit() and len(after) < 19 else None
     view = await console_run.run_view(request, run_id, after_id)
     shard = view.run.get("shard")
-    feed = "types=ledger" + (f"&shards={shard}" if subjects.is_shard_id(shard) else "")
-    status = 404 if view.error and view.error.startswith("404") else 200
+    feed = "types=ledger" + (f"&shards={shard}" if is_shard_id(shard) else "")
+    status = HTTPStatus.NOT_FOUND if view.error and view.error.startswith(str(HTTPStatus.NOT_FOUND)) else HTTPStatus.OK
     return render(request, _fragment(request, "run.html", "_run.html"), status=status, page="runs", view=view,
                   feed=feed, after=after_id)
 
@@ -153,7 +166,7 @@ async def run(request: Request, run_id: str, after: str | None = None) -> Respon
 async def calendar(request: Request) -> Response:
     if (login_first := _page(request)) is not None:
         return login_first
-    cal = console_runs.Calendar.parse(request.query_params, datetime.now(timezone.utc).date())
+    cal = console_runs.Calendar.parse(request.query_params, datetime.now(UTC).date())
     cal = await console_runs.calendar(request, cal)
     return render(request, _fragment(request, "calendar.html", "_calendar.html"), page="calendar", cal=cal)
 
@@ -178,7 +191,7 @@ async def boards(request: Request, shard: str | None = None) -> Response:
         rows, _error = await console_shards.shard_rows(request)
         connected = [r["shard"] for r in rows]
     problem = None
-    if shard and not subjects.is_shard_id(shard):
+    if shard and not is_shard_id(shard):
         shard, problem = None, "shard: not a shard id ([a-z0-9_-]{1,32})"
     shard = shard or (connected[0] if connected else None)
     items = await console_boards.read_all(request, shard) if shard else []
@@ -190,18 +203,22 @@ async def boards(request: Request, shard: str | None = None) -> Response:
 async def module(request: Request) -> Response:
     if (login_first := _page(request)) is not None:
         return login_first
-    answer = await ask(request, subjects.INSTALLER_LIST, {}, "installer")
-    modules = [m for m in answer.reply.get("modules") or [] if isinstance(m, dict)] if answer.ok else []
-    declared = [d for d in answer.reply.get("declared") or [] if isinstance(d, dict)] if answer.ok else []
-    return render(request, _fragment(request, "module.html", "_module.html"), page="module", modules=modules,
-                  declared=declared, error=answer.error)
+    answer = await ask(request, subjects.INSTALLER_LIST, c.ListRequest().wire(), "installer")
+    listed, error = None, answer.error
+    if answer.ok:
+        try:
+            listed = c.ListReply.model_validate(answer.reply)
+        except ValidationError as exc:
+            error = f"the installer's reply does not fit its contract ({describe_validation_error(exc)})"
+    return render(request, _fragment(request, "module.html", "_module.html"), page="module",
+                  modules=listed.modules if listed else [], declared=listed.declared if listed else [], error=error)
 
 
 @router.get("/console/static/{name}")
 async def static(name: str) -> Response:
     found = _STATIC_FILES.get(name)
     if found is None:
-        return Response(b"not found", status_code=404, media_type="text/plain")
+        return Response(b"not found", status_code=HTTPStatus.NOT_FOUND, media_type="text/plain")
     body, media_type = found
     return Response(body, media_type=media_type, headers={"Cache-Control": "no-cache",
                                                           "X-Content-Type-Options": "nosniff"})

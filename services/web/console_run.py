@@ -67,11 +67,13 @@ async def run_view(request: Request, run_id: str, after: int | None) -> RunView:
         view.error = answer.error
         return view
     reply = answer.reply
-    view.run = reply.get("run") if isinstance(reply.get("run"), dict) else {}
+    run = reply.get("run")
+    view.run = run if isinstance(run, dict) else {}
     view.rows = [r for r in reply.get("resources") or [] if isinstance(r, dict)]
     counts = reply.get("counts")
     view.counts = {k: v for k, v in counts.items() if isinstance(v, int)} if isinstance(counts, dict) else {}
-    view.unresolved = reply.get("unresolved") if isinstance(reply.get("unresolved"), int) else 0
+    unresolved = reply.get("unresolved")
+    view.unresolved = unresolved if isinstance(unresolved, int) else 0
     view.next_after = reply.get("next") if isinstance(reply.get("next"), int) else None
     overdue = reply.get("leasesOverdue")
     view.leases_overdue = overdue if isinstance(overdue, int) and not isinstance(overdue, bool) else 0

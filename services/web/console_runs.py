@@ -33,6 +33,8 @@ from services.web import console_time
 from services.web.console_nats import ask
 from services.web.console_words import CLEANUP, RUN
 from shared import subjects
+from shared.contracts.ids import is_shard_id
+from shared.contracts.ledger_statuses import CLEANUP_INCOMPLETE as INCOMPLETE
 
 PAGE_SIZE = 50
 """Runs on one page."""
@@ -42,8 +44,6 @@ LEDGER_LIMIT = 1000
 
 REST_ROUNDS = 8
 """The most ``ledger.runs`` requests one page of the rest makes to skip incomplete runs."""
-
-INCOMPLETE = "incomplete"
 
 POSITION = re.compile(r"([icr]):([A-Za-z0-9_:-]{0,100})")
 """A page's position: its list and the ledger's cursor (opaque: only its characters are checked)."""
@@ -73,7 +73,7 @@ class RunFilter:
     problems: list[str] = field(default_factory=list)
 
     @classmethod
-    def parse(cls, query: Any) -> "RunFilter":
+    def parse(cls, query: Any) -> RunFilter:
         f = cls()
         status, cleanup = query.get("status") or None, query.get("cleanupStatus") or None
         if status is not None and status not in RUN:
@@ -85,7 +85,7 @@ class RunFilter:
         else:
             f.cleanup = cleanup
         shard = (query.get("shard") or "").strip() or None
-        if shard is not None and not subjects.is_shard_id(shard):
+        if shard is not None and not is_shard_id(shard):
             f.problems.append("shard: not a shard id ([a-z0-9_-]{1,32})")
         else:
             f.shard = shard
@@ -230,7 +230,7 @@ class Calendar:
         return self.query(self.first + timedelta(days=self.days))
 
     @classmethod
-    def parse(cls, query: Any, today: date) -> "Calendar":
+    def parse(cls, query: Any, today: date) -> Calendar:
         problems = []
         first, text = today, (query.get("start") or "").strip()
         if text:
@@ -245,8 +245,8 @@ class Calendar:
             else:
                 problems.append(f"days: a number from 1 to {CALENDAR_DAYS_MAX}")
         cal = cls(first, days, problems=problems)
-        if console_time.to_ms(cal.start) is None or console_time.to_ms(cal.start) + days * 86_400_000 > \
-                console_time.MS_MAX:
+        start_ms = console_time.to_ms(cal.start)
+        if start_ms is None or start_ms + days * 86_400_000 > console_time.MS_MAX:
             cal.problems.append("start: not between 1970 and 9999")
             cal.first = today
         return cal

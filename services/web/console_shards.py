@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 import nats.errors
@@ -21,6 +22,7 @@ from fastapi import Request
 from services.web import console_time
 from services.web.console_nats import gather
 from shared import subjects
+from shared.contracts.ids import is_shard_id
 
 SILENT_S = 30.0
 """A shard whose last line is older than this is shown as silent."""
@@ -63,9 +65,9 @@ def _rates(samples: dict[str, deque[Sample]], shard: dict[str, Any], now: float)
         return ((current.frames - base.frames) / minutes, (current.dead_letters - base.dead_letters) / minutes,
                 f"last {now - base.at:.0f} s")
     connected = console_time.parse(shard.get("connectedAt"))
-    minutes = max((now - connected.timestamp()) / 60, 1 / 60) if connected else None
-    if minutes is None:
+    if connected is None:
         return 0.0, 0.0, "unknown"
+    minutes = max((now - connected.timestamp()) / 60, 1 / 60)
     return current.frames / minutes, current.dead_letters / minutes, "since it connected"
 
 
@@ -82,10 +84,10 @@ async def shard_rows(request: Request) -> tuple[list[dict[str, Any]], str | None
     now = time.time()
     rows = []
     for answer in answers:
-        if answer.get("status") != 200:
+        if answer.get("status") != HTTPStatus.OK:
             continue
         for shard in answer.get("shards") or []:
-            if not isinstance(shard, dict) or not subjects.is_shard_id(shard.get("shard")):
+            if not isinstance(shard, dict) or not is_shard_id(shard.get("shard")):
                 continue
             frames_min, dead_min, over = _rates(samples, shard, now)
             silent = shard.get("silentForS")
@@ -109,7 +111,7 @@ async def dead_letters(request: Request) -> tuple[list[dict[str, Any]], str | No
         info = await js.stream_info(subjects.DEADLETTER_STREAM)
     except nats.js.errors.NotFoundError:
         return [], None  # no gateway ever ran: no dead letters
-    except (nats.errors.Error, asyncio.TimeoutError) as exc:
+    except (TimeoutError, nats.errors.Error) as exc:
         return [], f"the dead letters cannot be read now ({type(exc).__name__})"
     last, first = info.state.last_seq or 0, info.state.first_seq or 0
     seqs = [s for s in range(last, max(first, 1) - 1, -1)][:DEAD_LETTERS_SHOWN] if last else []
@@ -117,7 +119,7 @@ async def dead_letters(request: Request) -> tuple[list[dict[str, Any]], str | No
     async def one(seq: int) -> Any:
         try:
             return await js.get_msg(subjects.DEADLETTER_STREAM, seq)
-        except (nats.errors.Error, asyncio.TimeoutError):
+        except (TimeoutError, nats.errors.Error):
             return None  # gone (aged out) between the info and the read
 
     letters = []

@@ -3,13 +3,13 @@ milliseconds), written in UTC, and "how long ago". Pure."""
 
 from __future__ import annotations
 
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 MS_MAX = 253_402_300_799_999
 """9999-12-31 in epoch milliseconds: a larger number is not a time."""
 
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def parse(value: Any) -> datetime | None:
@@ -20,19 +20,19 @@ def parse(value: Any) -> datetime | None:
     if isinstance(value, (int, float)):
         if not 0 <= value <= MS_MAX:
             return None
-        return datetime.fromtimestamp(value / 1000, tz=timezone.utc)
+        return datetime.fromtimestamp(value / 1000, tz=UTC)
     if isinstance(value, str) and 0 < len(value) <= 64:
         try:
             when = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
         except ValueError:
             return None
-        return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+        return when if when.tzinfo else when.replace(tzinfo=UTC)
     return None
 
 
 def shown(when: datetime | None) -> str:
     """``2026-05-01 12:00:03 UTC`` (or an em dash)."""
-    return when.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if when else "—"
+    return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if when else "—"
 
 
 def ago(seconds: float | None) -> str:
@@ -55,7 +55,7 @@ def since(when: datetime | None, now: datetime | None = None) -> str:
     """How long ago ``when`` was (empty when unknown)."""
     if when is None:
         return ""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     return ago((now - when).total_seconds())
 
 
@@ -66,7 +66,7 @@ def form_value(text: str | None) -> datetime | None:
 
 def form_text(when: datetime) -> str:
     """``2026-05-01T12:00`` (seconds when there are some): a ``datetime-local`` input's value, UTC."""
-    when = when.astimezone(timezone.utc)
+    when = when.astimezone(UTC)
     return when.strftime("%Y-%m-%dT%H:%M:%S" if when.second else "%Y-%m-%dT%H:%M")
 
 
@@ -79,4 +79,4 @@ def to_ms(when: datetime) -> int | None:
 
 def day_start(day: date) -> datetime:
     """Midnight UTC of ``day``."""
-    return datetime(day.year, day.month, day.day, tzinfo=timezone.utc)
+    return datetime(day.year, day.month, day.day, tzinfo=UTC)

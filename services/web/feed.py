@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import re
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -62,7 +63,8 @@ def feed_hub(app: FastAPI) -> FeedHub:
     hub = getattr(app.state, "feed", None)
     if hub is None:
         if app.state.nc is None:
-            raise HTTPException(503, "the door is not connected to NATS yet; try again shortly")
+            raise HTTPException(HTTPStatus.SERVICE_UNAVAILABLE,
+                                "the door is not connected to NATS yet; try again shortly")
         hub = app.state.feed = FeedHub(app.state.nc, app.state.settings)
     return hub
 
@@ -83,10 +85,10 @@ def _take_token(scope: Scope) -> tuple[str | None, dict[str, list[str]]]:
 def _caller(app: FastAPI, authorization: str | None, token: str | None) -> Caller:
     """The website or the operator (header first, else ``?token=``); 401 / 403 otherwise."""
     if not authorization and not token:
-        raise HTTPException(401, NO_TOKEN, headers={"WWW-Authenticate": "Bearer"})
-    caller = app.state.tokens.caller(authorization or f"Bearer {token}")
+        raise HTTPException(HTTPStatus.UNAUTHORIZED, NO_TOKEN, headers={"WWW-Authenticate": "Bearer"})
+    caller: Caller = app.state.tokens.caller(authorization or f"Bearer {token}")
     if caller.role == "module":
-        raise HTTPException(403, MODULE_REFUSED)
+        raise HTTPException(HTTPStatus.FORBIDDEN, MODULE_REFUSED)
     return caller
 
 
@@ -95,11 +97,12 @@ def _wanted(app: FastAPI, query: dict[str, list[str]], last_event_id: str | None
     reconnecting to the same URL, so it is the newer); 400 naming a bad value."""
     try:
         wanted = FeedFilter.parse(query, app.state.settings.web_feed_boards)
-        since = sequence("since", (query.get("since") or [None])[-1])
+        given = query.get("since")
+        since = sequence("since", given[-1] if given else None)
         if last_event_id is not None:
             since = sequence("Last-Event-ID", last_event_id.strip())
     except FeedQueryError as exc:
-        raise HTTPException(400, str(exc)) from None
+        raise HTTPException(HTTPStatus.BAD_REQUEST, str(exc)) from None
     return wanted, since
 
 
@@ -150,12 +153,12 @@ async def feed_ws(websocket: WebSocket) -> None:
             while (await websocket.receive())["type"] != "websocket.disconnect":
                 pass  # what a client sends is not read: the feed is one way
 
-        reason = await hub.serve(client, send, None, gone)
-        if reason:
+        dropped = await hub.serve(client, send, None, gone)
+        if dropped:
             code = 1001 if hub.stopping.is_set() else 1008
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(websocket.close(code, _close_reason(reason)), hub.close_grace_s())
-    except Exception:  # the client went mid-send: nothing to tell it
+                await asyncio.wait_for(websocket.close(code, _close_reason(dropped)), hub.close_grace_s())
+    except Exception:  # noqa: BLE001 — the client went mid-send: nothing to tell it
         pass
     finally:
         hub.release(client)
@@ -185,19 +188,19 @@ async def feed_events(request: Request) -> Response:
     return await open_event_stream(app, wanted, since)
 
 
-async def open_event_stream(app: Any, wanted: Any, since: int | None) -> "EventStream":
+async def open_event_stream(app: Any, wanted: Any, since: int | None) -> EventStream:
     """An SSE client admitted to the hub and opened at ``since``, or a 503 saying why not
     (the door is full, or the feed's stream is away). Also the console's feed."""
     hub = feed_hub(app)
     try:
         client = hub.admit("sse")
     except FeedFull as exc:
-        raise HTTPException(503, str(exc), headers={"Retry-After": "5"}) from None
+        raise HTTPException(HTTPStatus.SERVICE_UNAVAILABLE, str(exc), headers={"Retry-After": "5"}) from None
     try:
         hello = await hub.open(client, wanted, since)
     except FeedUnavailable as exc:
         hub.release(client)
-        raise HTTPException(503, f"the feed is unavailable now ({exc}); try again shortly",
+        raise HTTPException(HTTPStatus.SERVICE_UNAVAILABLE, f"the feed is unavailable now ({exc}); try again shortly",
                             headers={"Retry-After": "5"}) from None
     except BaseException:
         hub.release(client)
@@ -211,7 +214,7 @@ class EventStream(Response):
 
     def __init__(self, hub: FeedHub, client: FeedClient, hello: dict[str, Any]) -> None:
         # Not Response.__init__: it would announce a Content-Length of 0.
-        self.status_code, self.background = 200, None
+        self.status_code, self.background = HTTPStatus.OK, None
         self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                             (b"x-accel-buffering", b"no")]  # nginx: pass each event on at once
         self.hub, self.client, self.hello = hub, client, hello
@@ -219,8 +222,9 @@ class EventStream(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         hub, client = self.hub, self.client
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            first = f"retry: {SSE_RETRY_MS}\nid: {self.hello['seq']}\ndata: {json.dumps(self.hello, separators=(',', ':'))}\n\n"
+            await send({"type": "http.response.start", "status": HTTPStatus.OK, "headers": self.raw_headers})
+            hello = json.dumps(self.hello, separators=(",", ":"))
+            first = f"retry: {SSE_RETRY_MS}\nid: {self.hello['seq']}\ndata: {hello}\n\n"
             await send({"type": "http.response.body", "body": first.encode(), "more_body": True})
 
             async def write(batch: list[FeedEvent]) -> None:
@@ -244,7 +248,7 @@ class EventStream(Response):
                                            hub.close_grace_s())
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(send({"type": "http.response.body", "body": b"", "more_body": False}), 1.0)
-        except Exception:  # the client went mid-send (uvicorn's ClientDisconnected is an OSError)
+        except Exception:  # noqa: BLE001 — the client went mid-send (uvicorn's ClientDisconnected is an OSError)
             pass
         finally:
             hub.release(client)

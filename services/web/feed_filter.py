@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from shared.subjects import SHARD_ID_PATTERN
+from shared.contracts.ids import SHARD_ID_PATTERN
 
 TYPES = ("frame", "board", "ledger")
 """The kinds of event on the feed."""
@@ -67,7 +67,7 @@ class FeedFilter:
     boards: frozenset[str] | None = None
 
     @classmethod
-    def parse(cls, query: dict[str, list[str]], boards: Iterable[str]) -> "FeedFilter":
+    def parse(cls, query: dict[str, list[str]], boards: Iterable[str]) -> FeedFilter:
         """From the query parameters (each name → its values); FeedQueryError names the first
         bad value. ``kinds`` narrows frames and ``boards`` boards; without ``types`` the types
         are those the other filters name (``kinds`` → frame, ``boards`` → board), else all."""

@@ -14,7 +14,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,7 +109,7 @@ class FeedHub:
                 "filter": wanted.describe()}
 
     async def serve(self, client: FeedClient, send: Callable[[list[FeedEvent]], Awaitable[None]],
-                    keepalive: Callable[[], Awaitable[None]] | None, gone: Callable[[], Awaitable[None]],
+                    keepalive: Callable[[], Awaitable[None]] | None, gone: Callable[[], Coroutine[Any, Any, None]],
                     chunk_bytes: int = 0) -> str | None:
         """Stream to the client until it goes (None) or is dropped (the reason)."""
         assert client.reader is not None

@@ -18,6 +18,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
 from nats.aio.client import Client
@@ -139,8 +140,8 @@ class FeedReader:
                 config["filter_subjects"] = self.filters
             self._reconnects = self.nc.stats["reconnects"]
             try:
-                msg = await self.nc.request(api, json.dumps({"stream_name": self.stream.name, "config": config}).encode(),
-                                            timeout=API_TIMEOUT_S)
+                payload = json.dumps({"stream_name": self.stream.name, "config": config}).encode()
+                msg = await self.nc.request(api, payload, timeout=API_TIMEOUT_S)
                 honour_cancel()
                 reply = json.loads(msg.data)
                 error = reply.get("error") if isinstance(reply, dict) else {"description": "not an object"}
@@ -156,7 +157,7 @@ class FeedReader:
                     self.filters = []
                     continue
                 reason = str(error.get("description"))
-            except Exception as exc:  # NATS away, no answer: try again
+            except Exception as exc:  # noqa: BLE001 — NATS away, no answer: try again
                 reason = type(exc).__name__
             log.warning("feed consumer not created; retrying", extra={"stream": self.stream.name, "reason": reason})
             await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
@@ -187,8 +188,8 @@ class FeedReader:
                                   json.dumps(request).encode(), reply=self._inbox)
             honour_cancel()
             return True
-        except Exception:
-            self._stale = True  # NATS away: make a consumer again once it is back
+        except Exception:  # noqa: BLE001 — NATS away: make a consumer again once it is back
+            self._stale = True
             await asyncio.sleep(RETRY_S[-1])
             return False
 
@@ -215,18 +216,19 @@ class FeedReader:
         status = msg.headers.get("Status") if msg.headers else None
         if status:
             headers = msg.headers or {}
-            if status == "100":
+            code = int(status) if status.isdigit() else 0  # JetStream's statuses are HTTP's numbers
+            if code == HTTPStatus.CONTINUE:
                 # A heartbeat names the last consumer sequence sent: beyond ours, some were lost.
                 last = headers.get("Nats-Last-Consumer", "")
                 if last.isdigit() and int(last) > self.consumer_seq and not self._stale:
                     self._reset(f"heartbeat says {last} sent, {self.consumer_seq} came")
                 return
             description = headers.get("Description", "")
-            if status == "409" and "MaxBytes" in description.replace(" ", ""):
+            if code == HTTPStatus.CONFLICT and "MaxBytes" in description.replace(" ", ""):
                 self._filled = True
                 # None came: the next event is larger than the room; ask for it alone.
                 self._oversize = self._oversize or self._outstanding == self._asked
-            elif status == "409" and "Deleted" in description or status == "503":
+            elif (code == HTTPStatus.CONFLICT and "Deleted" in description) or code == HTTPStatus.SERVICE_UNAVAILABLE:
                 self._stale = True
             self._done.set()  # 408 expired, 409 done or refused, 404: ask again
             return

@@ -27,6 +27,7 @@ from nats.aio.client import Client
 
 from services.web.settings import WebSettings
 from shared import subjects
+from shared.contracts.ids import is_shard_id
 
 log = logging.getLogger("shardbus.web.feed")
 
@@ -107,7 +108,7 @@ def build_event(seq: int, subject: str, headers: dict[str, str] | None, data: by
     elif len(tokens) == 4 and subject.startswith("ledger.events.run."):
         run = value.get("run") if isinstance(value, dict) else None
         run_shard = run.get("shard") if isinstance(run, dict) else None
-        shard = run_shard if subjects.is_shard_id(run_shard) else None
+        shard = run_shard if is_shard_id(run_shard) else None
         head.update(type="ledger", time=_iso(ts_ns), subject=subject, run=tokens[3])
         if shard:
             head["shard"] = shard
@@ -215,7 +216,8 @@ class FeedStream:
                                                               "reason": reply["error"].get("description")})
                 added = []
             elif added:
-                log.info("feed stream sources added", extra={"stream": self.name, "sources": [a["name"] for a in added]})
+                log.info("feed stream sources added",
+                         extra={"stream": self.name, "sources": [a["name"] for a in added]})
         now = have | {a["name"] for a in added}
         self.missing = [n for n in self.sources if n not in now]
 
@@ -232,7 +234,8 @@ class FeedStream:
 
     # --- events ---------------------------------------------------------------------------
 
-    def event(self, seq: int, subject: str, headers: dict[str, str] | None, data: bytes, ts_ns: int) -> FeedEvent | None:
+    def event(self, seq: int, subject: str, headers: dict[str, str] | None, data: bytes,
+              ts_ns: int) -> FeedEvent | None:
         """The event stored at ``seq`` (built once; cached for the other clients)."""
         if seq in self._cache:
             return self._cache[seq]

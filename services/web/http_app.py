@@ -8,6 +8,7 @@ app.py owns their life.
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -36,7 +37,7 @@ class BodyCap:
         if scope["type"] == "http":
             for name, value in scope["headers"]:
                 if name == b"content-length" and (not value.isdigit() or int(value) > self.limit):
-                    response = error(413, f"request body over {self.limit} bytes")
+                    response = error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body over {self.limit} bytes")
                     await response(scope, receive, send)
                     return
         await self.app(scope, receive, send)
@@ -63,14 +64,14 @@ def build_http_app(settings: WebSettings, nc: Any = None) -> FastAPI:
         for err in exc.errors():
             where = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body",)) or "body"
             parts.append(f"{where}: {err.get('msg', 'invalid')}")
-        return error(400, "invalid request: " + "; ".join(parts))
+        return error(HTTPStatus.BAD_REQUEST, "invalid request: " + "; ".join(parts))
 
     app.add_middleware(BodyCap, limit=settings.web_max_body_bytes)
 
     @app.get("/health", include_in_schema=False)
     async def health() -> dict[str, Any]:
         nc_ = app.state.nc
-        return {"status": 200, "service": "web", "nats": bool(nc_ is not None and nc_.is_connected),
+        return {"status": HTTPStatus.OK, "service": "web", "nats": bool(nc_ is not None and nc_.is_connected),
                 "protocol": PROTOCOL_VERSION}
 
     # The sidecar's routes first: the drop-in path is the hot one, and routes match in order.

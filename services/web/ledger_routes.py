@@ -11,7 +11,7 @@ body says, and the ledger judges it as it judges any request."""
 
 from __future__ import annotations
 
-import re
+from http import HTTPStatus
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
@@ -21,6 +21,7 @@ from services.web import auth
 from services.web.auth import Caller
 from services.web.relay import json_object, relay
 from shared import subjects
+from shared.contracts.ids import LEDGER_ID_PATTERN, is_ledger_id
 
 router = APIRouter(tags=["ledger", "cleanup"])
 
@@ -64,19 +65,19 @@ async def list_runs(request: Request, _caller: Website, status: str | None = Non
 
 
 @router.get("/runs/{runId}", summary="The run console: the run, a page of its resources, counts (ledger.console)")
-async def run_console(request: Request, _caller: Website, runId: str, after: After = None,  # noqa: N803
+async def run_console(request: Request, _caller: Website, runId: str, after: After = None,
                       limit: Limit = None) -> Response:
     return await _ledger(request, subjects.LEDGER_CONSOLE, {"runId": runId, **_page(after, limit)})
 
 
 @router.get("/runs/{runId}/log", summary="A page of the run's log (ledger.log)")
-async def run_log(request: Request, _caller: Website, runId: str, after: After = None,  # noqa: N803
+async def run_log(request: Request, _caller: Website, runId: str, after: After = None,
                   limit: Limit = None) -> Response:
     return await _ledger(request, subjects.LEDGER_LOG, {"runId": runId, **_page(after, limit)})
 
 
 @router.post("/runs/{runId}/status", summary="Move a run's status (ledger.run.status)")
-async def run_status(request: Request, _caller: Website, runId: str, body: Body) -> Response:  # noqa: N803
+async def run_status(request: Request, _caller: Website, runId: str, body: Body) -> Response:
     return await _ledger(request, subjects.LEDGER_RUN_STATUS, {**body, "runId": runId})
 
 
@@ -112,11 +113,12 @@ async def live(request: Request, _caller: Website, module: str = "", after: Afte
 
 def _owned(caller: Caller, module: str) -> str:
     """``module`` from the path, once it is a subject token and the caller's to act for."""
-    if re.fullmatch(subjects.LEDGER_ID_PATTERN, module) is None:
-        raise HTTPException(400, f"module must match {subjects.LEDGER_ID_PATTERN}")
+    if not is_ledger_id(module):
+        raise HTTPException(HTTPStatus.BAD_REQUEST, f"module must match {LEDGER_ID_PATTERN}")
     if caller.role == "module" and caller.module != module:
-        raise HTTPException(403, f"module {caller.module!r} may only report its own expiries and reconciles, "
-                                 f"not those of module {module!r}")
+        raise HTTPException(HTTPStatus.FORBIDDEN,
+                            f"module {caller.module!r} may only report its own expiries and reconciles, "
+                            f"not those of module {module!r}")
     return module
 
 

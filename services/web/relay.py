@@ -6,10 +6,13 @@ NATS's own failures become sentences: nobody answering is a 503, no answer in ti
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import HTTPException, Request
 from fastapi.responses import Response
+from pydantic import ValidationError
 
 from services.web.nats_calls import BadReply, NatsAway, NoAnswer, NoResponders, TooLarge, call
 
@@ -17,6 +20,10 @@ INT_DIGITS_MAX = 4300
 """Python's limit on the digits of an integer read from text (a longer one is a 400 here)."""
 
 NOT_AN_OBJECT = "body must be a JSON object"
+
+STATUS_MAX = 599
+"""The highest status a reply may carry: the end of the 5xx class (no ``HTTPStatus`` member is
+599; the replies' statuses themselves are ``HTTPStatus`` members)."""
 
 
 def _int(text: str) -> int:
@@ -47,19 +54,19 @@ async def json_value(request: Request, empty: Any = None) -> Any:
     async for chunk in request.stream():
         data += chunk
         if len(data) > cap:
-            raise HTTPException(413, f"request body over {cap} bytes")
+            raise HTTPException(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body over {cap} bytes")
     if not data.strip():
         return empty
     try:
         body = json.loads(bytes(data), parse_int=_int, parse_constant=_no_constant)
         _encoded(body)
     except RecursionError:
-        raise HTTPException(400, "body is nested too deeply to read") from None
+        raise HTTPException(HTTPStatus.BAD_REQUEST, "body is nested too deeply to read") from None
     except UnicodeEncodeError:
-        raise HTTPException(400, "body must not hold a lone surrogate (U+D800 to U+DFFF)") from None
+        raise HTTPException(HTTPStatus.BAD_REQUEST, "body must not hold a lone surrogate (U+D800 to U+DFFF)") from None
     except ValueError as exc:  # JSONDecodeError, bad UTF-8 (UnicodeDecodeError), _int, _no_constant
         reason = str(exc).split(":")[0] if isinstance(exc, json.JSONDecodeError) else str(exc)
-        raise HTTPException(400, f"body is not valid JSON ({reason[:200]})") from None
+        raise HTTPException(HTTPStatus.BAD_REQUEST, f"body is not valid JSON ({reason[:200]})") from None
     return body
 
 
@@ -70,7 +77,7 @@ async def json_object(request: Request) -> dict[str, Any]:
     if body is _NO_BODY:
         return {}
     if not isinstance(body, dict):
-        raise HTTPException(400, NOT_AN_OBJECT)
+        raise HTTPException(HTTPStatus.BAD_REQUEST, NOT_AN_OBJECT)
     return body
 
 
@@ -79,7 +86,7 @@ def reply_response(reply: dict[str, Any], status: int) -> Response:
     try:
         content = json.dumps(reply, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
     except (ValueError, RecursionError):  # NaN, a lone surrogate, absurd nesting: not ours to pass on
-        return error(502, "the service's reply cannot be passed on as JSON")
+        return error(HTTPStatus.BAD_GATEWAY, "the service's reply cannot be passed on as JSON")
     return Response(content, status_code=status, media_type="application/json")
 
 
@@ -90,25 +97,34 @@ def error(status: int, message: str, headers: dict[str, str] | None = None) -> R
 
 
 async def relay(request: Request, subject: str, body: dict[str, Any], *, service: str,
-                timeout_s: float | None = None, success: int | None = None) -> Response:
+                timeout_s: float | None = None, success: int | None = None,
+                read: Callable[[dict[str, Any]], object] | None = None) -> Response:
     """Ask ``service`` on ``subject`` with ``body`` and answer with its reply (``success``, when
-    given, replaces a 2xx status: the installer's 201)."""
+    given, replaces a 2xx status: the installer's 201). ``read``, when given, reads the reply with
+    the subject's contract: a reply it refuses (ValidationError) is a 502, not passed on."""
     timeout = max(request.app.state.settings.web_request_timeout_s, timeout_s or 0.0)
     try:
         reply = await call(request.app.state.nc, subject, body, timeout)
     except NoResponders:
-        return error(503, f"the {service} is not running (no replica answers {subject})")
+        return error(HTTPStatus.SERVICE_UNAVAILABLE, f"the {service} is not running (no replica answers {subject})")
     except NoAnswer:
-        return error(504, f"the {service} did not answer {subject} within {timeout:g} s")
+        return error(HTTPStatus.GATEWAY_TIMEOUT, f"the {service} did not answer {subject} within {timeout:g} s")
     except NatsAway:
-        return error(503, "the web door is not connected to NATS; retry shortly")
+        return error(HTTPStatus.SERVICE_UNAVAILABLE, "the web door is not connected to NATS; retry shortly")
     except BadReply:
-        return error(502, f"the {service} answered {subject} with something that is not a JSON object")
+        return error(HTTPStatus.BAD_GATEWAY,
+                     f"the {service} answered {subject} with something that is not a JSON object")
     except TooLarge as exc:
-        return error(413, str(exc))
+        return error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, str(exc))
     status = reply.get("status")
-    if isinstance(status, bool) or not isinstance(status, int) or not 200 <= status <= 599:
-        return error(502, f"the {service} answered {subject} without a valid status")
-    if success is not None and status < 300:
+    if (isinstance(status, bool) or not isinstance(status, int)
+            or not HTTPStatus.OK <= status <= STATUS_MAX):
+        return error(HTTPStatus.BAD_GATEWAY, f"the {service} answered {subject} without a valid status")
+    if read is not None:
+        try:
+            read(reply)
+        except ValidationError:
+            return error(HTTPStatus.BAD_GATEWAY, f"the {service}'s reply to {subject} does not fit its contract")
+    if success is not None and status < HTTPStatus.MULTIPLE_CHOICES:
         status = success
     return reply_response(reply, status)

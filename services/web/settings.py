@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from shared.contracts.ids import LEDGER_ID_PATTERN, is_shard_id
 from shared.settings import CommonSettings
-from shared import subjects
-from shared.subjects import is_shard_id
 
-MODULE_ID_PATTERN = subjects.LEDGER_ID_PATTERN
+MODULE_ID_PATTERN = LEDGER_ID_PATTERN
 """What a module id named in ``SHARDBUS_WEB_MODULE_TOKENS`` may look like: the ledger's owner
 id, the last token of ``ledger.expired.<module>``."""
 
@@ -96,7 +95,7 @@ class WebSettings(CommonSettings):
         return value
 
     @model_validator(mode="after")
-    def _tokens(self) -> "WebSettings":
+    def _tokens(self) -> WebSettings:
         import re
 
         if not self.web_token.get_secret_value():

@@ -10,7 +10,13 @@ What the sidecar answers by itself is quoted: no shard is ``{"error": "shard not
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from typing import Any
+
+from pydantic import ValidationError
+
+from services.web.relay import STATUS_MAX
+from shared.contracts import gateway
 
 NOT_CONNECTED: dict[str, str] = {"error": "shard not connected"}
 """The sidecar's 503 body (S004:1054-1057): no gateway holds the shard, or it left mid-command."""
@@ -19,26 +25,44 @@ NO_REPLY: dict[str, str] = {"error": "shard did not reply in time"}
 """The sidecar's 504 body (S004:1058-1061)."""
 
 
+def _contract_broken(what: str, exc: ValidationError) -> tuple[int, dict[str, str]]:
+    """A reply outside the gateway's contract (shared/contracts/gateway.py): the door's 502."""
+    field = ".".join(str(p) for p in exc.errors()[0].get("loc", ())) or "the reply"
+    return HTTPStatus.BAD_GATEWAY, {"error": f"the gateway answered {what} outside its contract ({field})"}
+
+
+def _status_ok(status: int) -> bool:
+    return HTTPStatus.CONTINUE <= status <= STATUS_MAX
+
+
 def command_answer(reply: dict[str, Any]) -> tuple[int, Any]:
-    """The gateway's ``{"status", "body"}`` or ``{"status", "error"}`` as (status, HTTP body)."""
-    status = reply.get("status")
-    if not isinstance(status, int) or not 100 <= status <= 599:
-        return 502, {"error": "the gateway answered without a status"}
-    if "body" in reply:
-        return status, reply["body"]
-    if status == 503:
-        return 503, NOT_CONNECTED
-    if status == 504:
-        return 504, NO_REPLY
-    return status, {"error": str(reply.get("error") or f"the gateway answered {status}")}
+    """The gateway's ``{"status", "body"}`` or ``{"status", "error"}`` (its contract's
+    :class:`CommandReply`) as (status, HTTP body); the shard's line goes out as it came."""
+    try:
+        parsed = gateway.CommandReply.model_validate(reply)
+    except ValidationError as exc:
+        return _contract_broken("a command", exc)
+    if not _status_ok(parsed.status):
+        return HTTPStatus.BAD_GATEWAY, {"error": "the gateway answered without a status"}
+    if parsed.body is not None:
+        return parsed.status, reply["body"]
+    if parsed.status == HTTPStatus.SERVICE_UNAVAILABLE:
+        return HTTPStatus.SERVICE_UNAVAILABLE, NOT_CONNECTED
+    if parsed.status == HTTPStatus.GATEWAY_TIMEOUT:
+        return HTTPStatus.GATEWAY_TIMEOUT, NO_REPLY
+    return parsed.status, {"error": parsed.error or f"the gateway answered {parsed.status}"}
 
 
 def board_answer(reply: dict[str, Any]) -> tuple[int, Any]:
-    """A board read's ``{"status": 200, "items": [...]}`` as the sidecar's bare array
-    (``GET /guilds`` answers the list itself, S004:610-631); an error as ``{"error"}``."""
-    status = reply.get("status")
-    if status == 200 and isinstance(reply.get("items"), list):
-        return 200, reply["items"]
-    if not isinstance(status, int) or not 100 <= status <= 599 or status == 200:
-        return 502, {"error": "the gateway answered a board read without its items"}
-    return status, {"error": str(reply.get("error") or f"the gateway answered {status}")}
+    """A board read's ``{"status": 200, "items": [...]}`` (the contract's :class:`BoardReply`) as
+    the sidecar's bare array (``GET /guilds`` answers the list itself, S004:610-631); an error as
+    ``{"error"}``."""
+    try:
+        parsed = gateway.BoardReply.model_validate(reply)
+    except ValidationError as exc:
+        return _contract_broken("a board read", exc)
+    if parsed.status == HTTPStatus.OK and parsed.items is not None:
+        return HTTPStatus.OK, reply["items"]
+    if not _status_ok(parsed.status) or parsed.status == HTTPStatus.OK:
+        return HTTPStatus.BAD_GATEWAY, {"error": "the gateway answered a board read without its items"}
+    return parsed.status, {"error": parsed.error or f"the gateway answered {parsed.status}"}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -23,6 +24,7 @@ from services.web import nats_calls, relay
 from services.web.auth import Caller, website
 from services.web.sidecar_reply import NO_REPLY, NOT_CONNECTED, board_answer, command_answer
 from shared import subjects
+from shared.contracts.ids import is_shard_id
 
 PROTOCOL_HEADER = "Shard-Protocol"
 """Passed on to the gateway: a shard speaking another protocol answers 409."""
@@ -116,9 +118,9 @@ def command_body(route: Route, value: Any, path_value: str | None, query: dict[s
 def _shard(request: Request, given: str | None) -> str | Response:
     if given is None:
         default = request.app.state.settings.web_default_shard
-        return default or relay.error(404, NO_DEFAULT)
-    if not subjects.is_shard_id(given):
-        return relay.error(400, SHARD_RULE)
+        return default or relay.error(HTTPStatus.NOT_FOUND, NO_DEFAULT)
+    if not is_shard_id(given):
+        return relay.error(HTTPStatus.BAD_REQUEST, SHARD_RULE)
     return given
 
 
@@ -130,13 +132,13 @@ async def _ask(request: Request, subject: str, body: dict[str, Any], headers: di
     try:
         return await nats_calls.call(state.nc, subject, body, state.settings.web_request_timeout_s, headers)
     except (nats_calls.NoResponders, nats_calls.NatsAway):
-        return JSONResponse(nobody, status_code=503)
+        return JSONResponse(nobody, status_code=HTTPStatus.SERVICE_UNAVAILABLE)
     except nats_calls.NoAnswer:
-        return JSONResponse(late, status_code=504)
+        return JSONResponse(late, status_code=HTTPStatus.GATEWAY_TIMEOUT)
     except nats_calls.TooLarge as exc:
-        return relay.error(413, str(exc))
+        return relay.error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, str(exc))
     except nats_calls.BadReply:
-        return relay.error(502, "the gateway answered something that is not JSON")
+        return relay.error(HTTPStatus.BAD_GATEWAY, "the gateway answered something that is not JSON")
 
 
 async def forward(request: Request, shard: str, verb: str, body: dict[str, Any]) -> Response:
@@ -170,12 +172,12 @@ def _endpoint(route: Route, scoped: bool) -> Any:
             return shard
         path_value = params.get("run_id", params.get("page_id"))
         if path_value is not None and len(path_value) > PATH_ID_MAX:
-            return relay.error(400, f"{route.path_id} is longer than {PATH_ID_MAX} characters")
+            return relay.error(HTTPStatus.BAD_REQUEST, f"{route.path_id} is longer than {PATH_ID_MAX} characters")
         try:
             value = None if route.method == "GET" else await relay.json_value(request)
             body = command_body(route, value, path_value, dict(request.query_params))
         except BodyError as exc:
-            return relay.error(400, str(exc))
+            return relay.error(HTTPStatus.BAD_REQUEST, str(exc))
         return await forward(request, shard, route.verb, body)
 
     parameters = _parameters(scoped)

@@ -14,9 +14,9 @@ from typing import Any
 import nats
 import pytest
 
+from shared import subjects
 from simulator.shard import ShardSimulator
 from simulator.world import ShardWorld
-from shared import subjects
 from tests.processes import ServiceProcess, ServiceProcesses
 
 TOKEN = "cleanup-test-token-5678"

@@ -130,7 +130,7 @@ async def test_a_module_that_answers_not_now_costs_one_attempt_per_sweep_until_t
 async def _answers(shard) -> bool:
     try:
         return (await shard.command("lease.list", {})).get("status") == 200
-    except Exception:  # noqa: BLE001 — no responders while the gateway re-attaches
+    except Exception:  # no responders while the gateway re-attaches
         await asyncio.sleep(0.05)
         return False
 

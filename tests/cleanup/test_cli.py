@@ -71,3 +71,11 @@ def test_nats_out_of_reach_is_said_without_the_password():
     done = _shardbus("nats://ops:hunter2-secret@127.0.0.1:1", "sweep")
     assert done.returncode == 1
     assert "cannot reach NATS" in done.stderr and "hunter2-secret" not in done.stderr + done.stdout
+
+
+def test_a_run_id_the_service_would_refuse_is_refused_before_anything_is_sent():
+    # Nothing listens at this address: the refusal comes from the contract, not a connection.
+    done = _shardbus("nats://127.0.0.1:1", "sweep", "--run-id", "a.b")
+    assert done.returncode == 1
+    assert done.stderr.strip() == ("error 400: invalid request: runId: String should match pattern "
+                                   "'^[A-Za-z0-9_-]{1,64}$'")

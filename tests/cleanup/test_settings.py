@@ -22,7 +22,7 @@ def test_three_attempts_by_default_and_every_bound_is_configurable(monkeypatch):
 
 
 def test_a_claim_timeout_not_longer_than_the_command_timeout_is_refused():
-    with pytest.raises(ValidationError, match="claim_timeout_s .* must be longer than command_timeout_s"):
+    with pytest.raises(ValidationError, match=r"claim_timeout_s .* must be longer than command_timeout_s"):
         CleanupSettings(claim_timeout_s=5, command_timeout_s=5)
 
 

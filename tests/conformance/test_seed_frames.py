@@ -11,8 +11,14 @@ import json
 import pytest
 
 from shared import subjects
-from simulator.seed_wire import (FORWARDED_KINDS, GUILD_UPDATE, GUILD_UPDATE_LATE, GUILD_UPDATE_UNSWEPT,
-                                 ROSTER_MEMBERS, ROSTER_MEMBERS_LATE)
+from simulator.seed_wire import (
+    FORWARDED_KINDS,
+    GUILD_UPDATE,
+    GUILD_UPDATE_LATE,
+    GUILD_UPDATE_UNSWEPT,
+    ROSTER_MEMBERS,
+    ROSTER_MEMBERS_LATE,
+)
 from tests.gateway.conftest import collect
 from tests.gateway.test_boards import read_board, settled
 

@@ -5,6 +5,7 @@ stored and answered — checked against what JetStream holds afterwards."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ class Tally:
     def longest_gap_after(self, moment: float) -> float:
         """Longest wait between answered commands from ``moment`` on (until the last one)."""
         times = [moment] + [t for t in self.ok_times if t >= moment]
-        return max((b - a for a, b in zip(times, times[1:])), default=float("inf"))
+        return max((b - a for a, b in itertools.pairwise(times)), default=float("inf"))
 
     def resumed_after(self, moment: float) -> float:
         """Seconds from ``moment`` to the first answered command after it."""

@@ -14,8 +14,7 @@ import pytest
 
 from shardbus import embedded
 from simulator.shard import ShardSimulator
-from tests.faults.harness import TOKEN, Tally, finish_and_count, keep_commanding, send_frames, \
-    wait_commands_answered
+from tests.faults.harness import TOKEN, Tally, finish_and_count, keep_commanding, send_frames, wait_commands_answered
 from tests.processes import ServiceProcesses
 
 pytestmark = pytest.mark.faults

@@ -7,6 +7,7 @@ no roster yet or one complete roster, never a torn one, never an older one than 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 
@@ -134,7 +135,7 @@ async def test_a_roster_torn_by_a_reconnect_never_reaches_the_board(nats_url, tm
     reads = [r for mine in seen for r in mine]
     torn, unanswered = sum(r is None for r in reads), sum(r == UNANSWERED for r in reads)
     answered = [[r for r in mine if r is not None and r != UNANSWERED] for mine in seen]
-    stale = sum(b < a for mine in answered for a, b in zip(mine, mine[1:]))  # e.g. the roster gone again
+    stale = sum(b < a for mine in answered for a, b in itertools.pairwise(mine))  # e.g. the roster gone again
     print(f"\nroster reconnect, drop after chunk {drop_after}: rounds {ROUNDS}, board reads {len(reads)}, "
           f"torn reads {torn}, stale reads (older than the one before) {stale}, unanswered {unanswered}, "
           f"rounds seen {len(set(reads) - {None, -1, UNANSWERED})}, final roster correct {final == ROUNDS - 1}, "

@@ -131,7 +131,7 @@ SLOW_ARTIFACT_S = 4.0
 
 @pytest.mark.timeout(60)
 async def test_sigkill_of_an_installer_replica_mid_install_leaves_one_module_and_no_scratch(
-        nats_url, releases, settings, tmp_path, unique):
+        nats_url, releases, settings, tmp_path, unique):  # noqa: F811  fixtures, imported above
     bucket, volume = f"FAULTS_{unique}", Path(settings.modules_dir)
     config = {**service_settings(settings), "installer_lock_bucket": bucket,
               "installer_lock_lease_s": str(LOCK_LEASE_S)}

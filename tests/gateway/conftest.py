@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
 import nats
 import pytest
 
-from services.gateway.links import Gateway
+from services.gateway.gateway import Gateway, Serving, serve
 from services.gateway.settings import GatewaySettings
 from simulator.shard import ShardSimulator
 
@@ -26,20 +27,30 @@ connection were not delivered (nats-server 2.9 and 2.15); 20 ms later none were.
 
 @dataclass
 class RunningGateway:
-    """A gateway listening on a free port, and its NATS connection."""
+    """A gateway serving on a free port (:func:`services.gateway.gateway.serve`, as the service
+    runs it), and its NATS connection."""
 
-    gateway: Gateway
-    server: asyncio.AbstractServer
+    serving: Serving
     nc: nats.NATS
     settings: GatewaySettings
+    stack: AsyncExitStack
+
+    @property
+    def gateway(self) -> Gateway:
+        return self.serving.gateway
+
+    @property
+    def server(self) -> asyncio.Server:
+        return self.serving.server
 
     @property
     def port(self) -> int:
-        return self.server.sockets[0].getsockname()[1]
+        addr = self.serving.addr
+        assert addr is not None, "the gateway's listener is closed"
+        return addr[1]
 
     async def stop(self) -> None:
-        self.server.close()
-        await self.gateway.stop()
+        await self.stack.aclose()
         await self.nc.close()
 
 
@@ -52,14 +63,17 @@ async def start_gateway(nats_url: str) -> AsyncIterator[StartGateway]:
     started: list[RunningGateway] = []
 
     async def start(nats_servers: str | None = None, **overrides: Any) -> RunningGateway:
-        settings = GatewaySettings(nats_url=nats_servers or nats_url, shard_token=TOKEN, shard_port=0, **overrides)
+        settings = GatewaySettings(nats_url=nats_servers or nats_url, shard_token=TOKEN,
+                                   **{"shard_host": "127.0.0.1", "shard_port": 0, **overrides})
         nc = await nats.connect(settings.nats_servers(), connect_timeout=5,
                                 max_reconnect_attempts=-1, reconnect_time_wait=0.2)
-        gateway = Gateway(nc, settings)
-        await gateway.start()
-        server = await asyncio.start_server(gateway.handle, "127.0.0.1", 0,
-                                            limit=gateway.line_cap + 1)
-        running = RunningGateway(gateway, server, nc, settings)
+        stack = AsyncExitStack()
+        try:
+            serving = await stack.enter_async_context(serve(nc, settings))
+        except BaseException:
+            await nc.close()
+            raise
+        running = RunningGateway(serving, nc, settings, stack)
         started.append(running)
         return running
 

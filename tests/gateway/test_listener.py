@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-
-from services.gateway.links import REASON_HEADER
+from services.gateway.intake import REASON_HEADER
 from shared import subjects
 from tests.gateway.conftest import INTEREST_SETTLE_S, TOKEN, collect, refused, wait_until
 
@@ -77,7 +76,7 @@ async def test_lines_that_cannot_be_frames_are_dead_lettered_and_the_connection_
 
     dead = await collect(nc, subjects.deadletter(sim.shard), len(BAD_LINES), start=send_all)
     assert [m.data for m in dead] == [line for line, _ in BAD_LINES]
-    for msg, (_, reason) in zip(dead, BAD_LINES):
+    for msg, (_, reason) in zip(dead, BAD_LINES, strict=True):
         assert reason in msg.headers[REASON_HEADER]
     good = await collect(nc, subjects.frame(sim.shard, "still.here"), 1,
                          start=lambda: sim.send("still.here"))

@@ -63,6 +63,7 @@ async def test_two_gateways_each_answer_only_for_their_own_shard(services, nc, u
                 assert json.loads(msg.data)["status"] == 200
         assert a.executed["item.catalog"] == 5 and b.executed["item.catalog"] == 5
         replies = await gather_replies(nc, subjects.GATEWAY_STATUS)
+        assert {r["status"] for r in replies} == {200}  # an integer on the wire (FastStream's encoding)
         holders = {s["shard"]: r for r in replies for s in r.get("shards", [])}
         assert holders[a.shard] is not holders[b.shard]
         with pytest.raises(NoRespondersError):
@@ -76,11 +77,10 @@ async def test_the_shard_sim_command_connects_and_answers_commands(services, nc,
     gateway = services.start("gateway", **TOKEN_SETTINGS)
     shard = f"cli{unique}"
     env = {**os.environ, "SHARDBUS_SHARD_TOKEN": TOKEN}
-    log = open(tmp_path / "shard-sim.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "shardbus", "shard-sim", "--addr",
-                             f"127.0.0.1:{shard_port(gateway)}", "--shard", shard],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    log.close()
+    with open(tmp_path / "shard-sim.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "shardbus", "shard-sim", "--addr",
+                                 f"127.0.0.1:{shard_port(gateway)}", "--shard", shard],
+                                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         async with asyncio.timeout(15):
             while True:

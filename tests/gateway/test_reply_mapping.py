@@ -64,8 +64,9 @@ def test_a_verb_belongs_to_the_plane_of_its_first_word(verb, expected):
 
 
 def test_an_error_reason_may_come_as_error_instead_of_reason():
-    assert status_for("world.save", {"kind": "oneshot.error", "error": "This shard saves at most every 300 "
-                                                                      "seconds, and the last save was 1 seconds ago"}) == 429
+    answer = {"kind": "oneshot.error",
+              "error": "This shard saves at most every 300 seconds, and the last save was 1 seconds ago"}
+    assert status_for("world.save", answer) == 429
 
 
 @pytest.mark.parametrize(("verb", "reason", "status"), [

@@ -10,14 +10,22 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.gateway.wire import DeadLetter, Frame, HelloRefused, LineTooLong, check_hello, is_safe_kind, \
-    read_line, sort_line
+from services.gateway.wire import (
+    DeadLetter,
+    Frame,
+    HelloRefused,
+    LineTooLong,
+    check_hello,
+    is_safe_kind,
+    read_line,
+    sort_line,
+)
 from shared import subjects
 from simulator.shard import ShardSimulator
 from tests.gateway.conftest import TOKEN, collect, wait_until
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=12)
 tricky_kinds = st.one_of(st.text(max_size=40), st.sampled_from(
@@ -162,7 +170,7 @@ async def test_the_shard_link_fuzzed_loses_nothing_it_accepted_and_still_serves_
             pass
         # What the gateway must have taken: everything before the first over-long line.
         taken = []
-        for line, fate in lines:
+        for _line, fate in lines:
             if fate == "over":
                 break
             taken.append(fate)

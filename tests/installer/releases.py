@@ -88,7 +88,7 @@ class ReleaseServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            def do_GET(self) -> None:
                 server.hits[self.path] += 1
                 route = server.routes.get(self.path, Route(404, b"no such release"))
                 time.sleep(route.delay_s)

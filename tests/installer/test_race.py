@@ -61,10 +61,10 @@ async def test_two_replicas_installing_two_modules_at_once_let_exactly_one_win(s
         for _ in range(ROUNDS):
             asks = [(module, _install(nc, url)) for module, url in urls.items() for _ in range(REQUESTS_PER_MODULE)]
             replies = await asyncio.gather(*(ask for _, ask in asks))
-            won = {module for (module, _), reply in zip(asks, replies) if reply["status"] == 200}
+            won = {module for (module, _), reply in zip(asks, replies, strict=True) if reply["status"] == 200}
             assert len(won) == 1, replies
             winner = won.pop()
-            for (module, _), reply in zip(asks, replies):
+            for (module, _), reply in zip(asks, replies, strict=True):
                 if module == winner:
                     assert reply["status"] == 200 and reply["action"] in ("installed", "unchanged")
                     winning_replicas.add(reply["replica"])

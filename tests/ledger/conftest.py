@@ -12,7 +12,6 @@ import asyncpg
 import nats
 import pytest
 
-from services.ledger import migrate
 from services.ledger.app import create_app
 from services.ledger.settings import LedgerSettings
 from shared import subjects
@@ -75,10 +74,10 @@ async def wait_until_serving(nc, timeout: float = 10.0) -> None:
 
 
 @pytest.fixture
-async def ledger_db(database_url: str) -> str:
-    """A fresh database brought to the newest schema."""
-    await migrate.upgrade(database_url)
-    return database_url
+def ledger_db(migrated_database_url: str) -> str:
+    """A fresh database at the newest schema: a copy of the session's migrated template
+    (tests/conftest.py), not a migration per test."""
+    return migrated_database_url
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ class PgProxy:
         self._tasks: set[asyncio.Task] = set()
         self.port = 0
 
-    async def start(self) -> "PgProxy":
+    async def start(self) -> PgProxy:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
         return self

@@ -62,8 +62,10 @@ async def test_rows_written_at_the_previous_revision_survive_the_upgrade(databas
     assert await migrate.upgrade(database_url, "0002") == "0002"
     conn = await asyncpg.connect(_plain(database_url))
     try:
-        await conn.execute("INSERT INTO runs (run_id, shard, event, status) VALUES ('old', 'uo1', 'invasion', 'completed')")
-        await conn.execute("INSERT INTO resources (run_id, module, kind, ref, status, attempts, revert, idempotency_key) "
+        await conn.execute("INSERT INTO runs (run_id, shard, event, status) "
+                           "VALUES ('old', 'uo1', 'invasion', 'completed')")
+        await conn.execute("INSERT INTO resources (run_id, module, kind, ref, status, attempts, revert, "
+                           "idempotency_key) "
                            "VALUES ('old', 'lease', 'lease', 'spawn.rate', 'confirmed', 2, "
                            "'{\"expected\": \"2\", \"baseline\": \"1\"}', 'k-old')")
         await conn.execute("INSERT INTO run_log (run_id, resource_id, kind) VALUES ('old', 1, 'resource.recorded')")

@@ -27,7 +27,7 @@ import asyncpg
 import pytest
 from sqlalchemy.engine import make_url
 
-from services.ledger import outbox_relay, migrate, store
+from services.ledger import migrate, outbox_relay, store
 from services.ledger.app import UNAVAILABLE, create_app
 from services.ledger.settings import LedgerSettings
 from shardbus import embedded
@@ -326,7 +326,8 @@ async def test_a_server_stopped_mid_statement_is_answered_503_until_it_is_back(n
             await client.run(run)
             async with row_locked(url, run):
                 asking = asyncio.create_task(client.ask(subjects.LEDGER_RUN_STATUS, runId=run, status="running"))
-                admin = await asyncpg.connect(plain(url), timeout=10, server_settings={"application_name": "outage-test"})
+                admin = await asyncpg.connect(plain(url), timeout=10,
+                                              server_settings={"application_name": "outage-test"})
                 await wait_blocked_on_lock(admin)
                 await admin.close()
                 assert await asyncio.to_thread(servers[0].stop) == 0

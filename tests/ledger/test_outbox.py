@@ -41,7 +41,7 @@ async def stream_events(nc, run_id: str, expect: int, timeout: float = 10.0) -> 
         while True:
             try:
                 batch = await sub.fetch(500, timeout=1)
-            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            except (TimeoutError, nats.errors.TimeoutError):
                 break
             for msg in batch:
                 found.append((json.loads(msg.data), (msg.headers or {}).get("Nats-Msg-Id", "")))

@@ -151,8 +151,8 @@ def test_two_ledger_processes_serve_the_same_requests_without_a_double_transitio
             replies = await asyncio.gather(*(a.ask(subjects.LEDGER_RESOURCE_CONFIRM, resourceId=r)
                                              for r in rows for a in asker))
             assert {(r["status"], r["resource"]["status"]) for r in replies} == {(200, "confirmed")}
-            confirmed = await clients[2].request(subjects.LEDGER_LOG, json.dumps({"runId": run, "limit": 1000}).encode(),
-                                                 timeout=5)
+            confirmed = await clients[2].request(subjects.LEDGER_LOG,
+                                                 json.dumps({"runId": run, "limit": 1000}).encode(), timeout=5)
             kinds = [entry["kind"] for entry in json.loads(confirmed.data)["entries"]]
             assert kinds.count("resource.confirmed") == len(rows)
             pids = set()

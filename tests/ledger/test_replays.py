@@ -51,7 +51,8 @@ async def test_the_same_transition_asked_again_answers_200_with_the_row_and_chan
 # (name, how the row is made, the first request, the second: a real conflict)
 CONFLICTS = [
     ("confirm-a-recorded-row", "record", None, (subjects.LEDGER_RESOURCE_CONFIRM, {})),
-    ("confirm-after-fail", "reserve", (subjects.LEDGER_RESOURCE_FAIL, {"error": "ceiling"}), (subjects.LEDGER_RESOURCE_CONFIRM, {})),
+    ("confirm-after-fail", "reserve", (subjects.LEDGER_RESOURCE_FAIL, {"error": "ceiling"}),
+     (subjects.LEDGER_RESOURCE_CONFIRM, {})),
     ("fail-after-confirm", "reserve", (subjects.LEDGER_RESOURCE_CONFIRM, {}),
      (subjects.LEDGER_RESOURCE_FAIL, {"error": "ceiling"})),
     ("fail-again-with-another-error", "reserve", (subjects.LEDGER_RESOURCE_FAIL, {"error": "one"}),

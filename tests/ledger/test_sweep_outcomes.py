@@ -42,7 +42,8 @@ async def test_a_batched_outcome_is_the_same_step_as_its_one_row_request(ledger,
     assert reply["recorded"] == [batched] and reply["conflicts"] == [] and reply["missing"] == []
     subject, body = one_row
     assert (await ledger.ask(subject, resourceId=single, **body))["status"] == 200
-    rows = {r["row_id"]: {k: v for k, v in r.items() if k != "row_id"} for r in await db.fetch(f"SELECT id AS row_id, {COMPARED} FROM resources")}
+    rows = {r["row_id"]: {k: v for k, v in r.items() if k != "row_id"}
+            for r in await db.fetch(f"SELECT id AS row_id, {COMPARED} FROM resources")}
     assert rows[batched] == rows[single]
     assert (rows[batched]["status"], rows[batched]["attempts"], rows[batched]["gave_up"]) == (status, attempts, gave_up)
     logs = await db.fetch("SELECT resource_id, kind, detail FROM run_log WHERE resource_id = ANY($1) "
@@ -57,7 +58,7 @@ async def test_one_batch_records_every_verdict_in_one_request(ledger, db, unique
     ids = await _finished_run(ledger, run, ["c1", "c2", "c3", "c4"])
     await _claim(ledger, run)
     reply = await _outcomes(ledger, *({"resourceId": row, "verdict": verdict, **({"error": error} if error else {})}
-                                      for row, (verdict, error, *_rest) in zip(ids, VERDICTS)))
+                                      for row, (verdict, error, *_rest) in zip(ids, VERDICTS, strict=True)))
     assert reply["recorded"] == ids
     statuses = [r["status"] for r in await db.fetch("SELECT status FROM resources WHERE run_id = $1 ORDER BY id", run)]
     assert statuses == ["reverted", "drifted", "confirmed", "confirmed"]

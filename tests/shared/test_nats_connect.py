@@ -15,6 +15,13 @@ def test_back_off_doubles_and_is_capped():
     assert [back_off.delay(n) for n in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
 
 
+def test_back_off_stays_at_its_cap_after_hours_of_failed_reconnects():
+    # 2 ** 1024 overflows a float: nats-py took the OverflowError as a failed attempt and
+    # retried at once, spinning for good after about three hours of outage at a 10 s cap.
+    back_off = BackOff(0.5, 10.0)
+    assert [back_off.delay(n) for n in (1025, 5000, 10**9)] == [10.0, 10.0, 10.0]
+
+
 def test_back_off_refuses_a_cap_below_the_first_wait():
     with pytest.raises(ValueError, match="first"):
         BackOff(2.0, 1.0)

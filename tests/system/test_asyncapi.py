@@ -11,8 +11,10 @@ from urllib.parse import unquote
 
 import pytest
 
+from shardbus import registry
+
 ROOT = Path(__file__).resolve().parents[2]
-SERVICES = ("gateway", "ledger", "cleanup", "installer")
+SERVICES = tuple(service.name for service in registry.SERVICES if service.asyncapi)
 
 
 def _generate(service: str, out: Path) -> dict:

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from shardbus import registry
 from shardbus.cli import build_parser
 from shardbus.settings_catalog import all_settings
 
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
 BUILT = {name: svc for name, svc in COMPOSE["services"].items() if "build" in svc}
 CLUSTER = yaml.safe_load((ROOT / "compose.cluster.yaml").read_text())
-SERVICES = ("gateway", "ledger", "cleanup", "installer", "web")
+SERVICES = registry.NAMES
 NODES = {"nats": "nats-1", "nats-2": "nats-2", "nats-3": "nats-3"}
 """The cluster's nodes: compose service -> host name (network alias) and NATS server name."""
 NODE_CONFIG = ROOT / "deploy" / "nats" / "cluster-node.conf"

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from shardbus import embedded
+from shardbus import embedded, registry
 from shared.nats_connect import FATAL_CLOSE_EXIT_CODE
 from tests.processes import ServiceProcess, ServiceProcesses
 
-SERVICES = ("gateway", "ledger", "cleanup", "installer")
+SERVICES = tuple(name for name in registry.NAMES if name != "web")  # _settings: no web token or port yet
 
 FATAL_LINE = "NATS connection closed for good"
 

@@ -33,9 +33,8 @@ detected through the error callback AND by a subscriber that never gets the mess
 
 from __future__ import annotations
 
-import contextlib
-
 import asyncio
+import contextlib
 import json
 import re
 import secrets
@@ -54,7 +53,7 @@ import pytest
 from nats.js.api import DeliverPolicy, StreamSource
 from nats.js.errors import NotFoundError
 
-from shardbus import embedded
+from shardbus import embedded, registry
 from shared import subjects
 from shared.nats_connect import inbox_prefix
 from simulator.shard import ShardSimulator
@@ -63,7 +62,7 @@ from tests.processes import ServiceProcesses
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "deploy" / "nats" / "nats.conf"
 NODE_CONFIG = ROOT / "deploy" / "nats" / "cluster-node.conf"
-USERS = ("gateway", "ledger", "cleanup", "installer", "web", "website", "operator", "module-events")
+USERS = (*registry.NAMES, "website", "operator", "module-events")
 """Every user of the config (module-events: the example game module ``events``; web: the web door)."""
 
 REFUSAL_WAIT_S = 3.0
@@ -86,7 +85,8 @@ def own_inbox(user: str) -> str:
 def config_text(websocket_port: int) -> str:
     """nats.conf with its WebSocket listener moved to 127.0.0.1:``websocket_port``: the one
     address no command-line flag sets (compose uses the file as it is, on 9222)."""
-    text, count = re.subn(r"(^websocket \{\n)(.*?^\s*port:\s*)9222$", rf'\g<1>  host: "127.0.0.1"\n\g<2>{websocket_port}',
+    text, count = re.subn(r"(^websocket \{\n)(.*?^\s*port:\s*)9222$",
+                          rf'\g<1>  host: "127.0.0.1"\n\g<2>{websocket_port}',
                           CONFIG.read_text(), count=1, flags=re.M | re.S)
     assert count == 1, "nats.conf has no websocket block on port 9222"
     return text
@@ -350,7 +350,7 @@ async def test_no_user_may_subscribe_to_another_users_inbox(connect):
 async def test_each_user_may_subscribe_to_its_own_inbox(connect):
     users = [await connect(name) for name in USERS]
     refused = await asyncio.gather(*(user.refused_subscription(f"{own_inbox(user.name)}.x") for user in users))
-    assert {user.name: was for user, was in zip(users, refused)} == {name: False for name in USERS}
+    assert {user.name: was for user, was in zip(users, refused, strict=True)} == {name: False for name in USERS}
 
 
 async def test_the_ledger_creates_its_events_stream_relays_into_it_and_touches_no_other(connect):
@@ -462,7 +462,7 @@ def secure_cluster(secure_nats: SecureNats) -> Iterator[embedded.NatsCluster]:
 
 async def test_every_cluster_node_has_the_same_users_and_rules(secure_cluster, secure_nats, connect):
     for node in secure_cluster.nodes:
-        with urllib.request.urlopen(f"http://127.0.0.1:{node.monitor_port}/varz", timeout=5) as reply:
+        with urllib.request.urlopen(f"http://127.0.0.1:{node.monitor_port}/varz", timeout=5) as reply:  # noqa: ASYNC210  a local read, 5 s at most
             varz = json.load(reply)
         assert varz["server_name"] == node.name
         assert varz["jetstream"]["config"].get("sync_always") is True
@@ -471,7 +471,7 @@ async def test_every_cluster_node_has_the_same_users_and_rules(secure_cluster, s
         assert await users["website"].refused(subjects.frame("x", "y"))
         assert await users["website"].refused_subscription(f"{own_inbox('gateway')}.>")
         assert await users["module-events"].refused(subjects.ledger_expired("other"))
-        with pytest.raises(Exception):
+        with pytest.raises(Exception):  # noqa: B017  the error type is nats-py's choice; refused is the point
             await nats.connect(f"nats://website:wrong{secure_nats.passwords['website']}@127.0.0.1:{node.port}",
                                connect_timeout=3, allow_reconnect=False, max_reconnect_attempts=1, error_cb=_quiet)
     # JetStream is clustered: the gateway creates a stream on all three nodes.
@@ -659,13 +659,15 @@ async def test_the_website_cannot_have_jetstream_deliver_its_news_as_ledger_or_c
 
         run_id = f"run{secrets.token_hex(6)}"
         changes = await listen(website, subjects.ledger_run_events(run_id))
-        run = (await website.ask(subjects.LEDGER_RUN_CREATE, {"runId": run_id, "shard": shard, "event": "invasion"}))["run"]
+        run = (await website.ask(subjects.LEDGER_RUN_CREATE,
+                                 {"runId": run_id, "shard": shard, "event": "invasion"}))["run"]
         recorded = await website.ask(subjects.LEDGER_RESOURCE_RECORD, {
             "runId": run["runId"], "module": "events", "kind": "zone", "ref": "z1", "idempotencyKey": "rec-z1"})
         assert recorded["status"] == 200, recorded
         resource_id = recorded["resource"]["resourceId"]
         for status in ("running", "completed"):
-            assert (await website.ask(subjects.LEDGER_RUN_STATUS, {"runId": run["runId"], "status": status}))["status"] == 200
+            changed = await website.ask(subjects.LEDGER_RUN_STATUS, {"runId": run["runId"], "status": status})
+            assert changed["status"] == 200
         for _ in range(100):  # the four changes' events (the relay sends them just after the replies)
             if len(changes.got) >= 4:
                 break
@@ -679,7 +681,8 @@ async def test_the_website_cannot_have_jetstream_deliver_its_news_as_ledger_or_c
         watcher = await news.watch(f"{shard}.>")
         assert await watcher.updates(timeout=5) is None  # nothing yet: the initial marker
 
-        forgeries = (("claim", {"runId": run["runId"], "limit": 10}, subjects.LEDGER_SWEEP_CLAIM, subjects.LEDGER_QUEUE),
+        forgeries = (("claim", {"runId": run["runId"], "limit": 10}, subjects.LEDGER_SWEEP_CLAIM,
+                      subjects.LEDGER_QUEUE),
                      ("reverted", {"resourceId": resource_id}, subjects.LEDGER_SWEEP_REVERTED, subjects.LEDGER_QUEUE),
                      ("sweep", {}, subjects.CLEANUP_SWEEP, "cleanup-workers"))
         consumers = []
@@ -706,7 +709,7 @@ async def test_the_website_cannot_have_jetstream_deliver_its_news_as_ledger_or_c
         console = await website.ask(subjects.LEDGER_CONSOLE, {"runId": run["runId"]})
         assert {r["ref"]: r["status"] for r in console["resources"]} == {"z1": "confirmed"}, console
         assert changes.got == [] and swept.got == []
-        with pytest.raises(Exception, match="[Kk]ey ?[Nn]ot ?[Ff]ound|not found"):
+        with pytest.raises(Exception, match=r"[Kk]ey ?[Nn]ot ?[Ff]ound|not found"):
             await news.get(forged_key)
         for consumer in consumers:
             info = await website.nc.jetstream().consumer_info("KV_BOARD_NEWS", consumer)
@@ -743,7 +746,8 @@ async def test_the_website_reads_its_streams_and_buckets_only(secure_nats, conne
             await watcher.stop()
         await gjs.publish(subjects.frame(shard, "guild.update"), b'{"kind":"guild.update"}')
         await gjs.publish(subjects.deadletter(shard), b"not json")
-        for subject, stream in ((f"shard.{shard}.frame.>", "SHARD_FRAMES"), (subjects.deadletter(shard), "SHARD_DEADLETTER")):
+        for subject, stream in ((f"shard.{shard}.frame.>", "SHARD_FRAMES"),
+                                (subjects.deadletter(shard), "SHARD_DEADLETTER")):
             replay = await wjs.subscribe(subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
             assert (await replay.next_msg(timeout=5)).subject.startswith(f"shard.{shard}.")
             await replay.unsubscribe()
@@ -757,7 +761,8 @@ async def test_the_website_reads_its_streams_and_buckets_only(secure_nats, conne
             refused = []
             for stream in ("KV_SHARDBUS_INSTALLER", other):
                 for subject in (f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.STREAM.MSG.GET.{stream}",
-                                f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}.$KV.SHARDBUS_INSTALLER.site",
+                                f"$JS.API.DIRECT.GET.{stream}",
+                                f"$JS.API.DIRECT.GET.{stream}.$KV.SHARDBUS_INSTALLER.site",
                                 f"$JS.API.CONSUMER.CREATE.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}.peek",
                                 f"$JS.API.CONSUMER.CREATE.{stream}.peek.other.{shard}.x",
                                 f"$JS.API.CONSUMER.MSG.NEXT.{stream}.peek",
@@ -791,8 +796,8 @@ async def test_the_gateways_own_subscriptions_refuse_what_the_website_cannot_sen
 
         await website.nc.publish(subjects.board(shard, "guilds"), b"{}", reply=f"$KV.BOARD_GUILDS.{shard}.forged.guild")
         name = f"announce{secrets.token_hex(3)}"
-        config = {"name": name, "deliver_subject": subjects.news_announce(shard), "filter_subject": f"shard.{shard}.frame.>",
-                  "ack_policy": "none", "deliver_policy": "all"}
+        config = {"name": name, "deliver_subject": subjects.news_announce(shard),
+                  "filter_subject": f"shard.{shard}.frame.>", "ack_policy": "none", "deliver_policy": "all"}
         created = await website.ask(f"$JS.API.CONSUMER.CREATE.SHARD_FRAMES.{name}",
                                     {"stream_name": "SHARD_FRAMES", "config": config})
         assert "error" not in created, created
@@ -800,7 +805,7 @@ async def test_the_gateways_own_subscriptions_refuse_what_the_website_cannot_sen
         await website.nc.jetstream().delete_consumer("SHARD_FRAMES", name)
 
         guilds = await website.nc.jetstream().key_value("BOARD_GUILDS")
-        with pytest.raises(Exception, match="[Kk]ey ?[Nn]ot ?[Ff]ound|not found"):
+        with pytest.raises(Exception, match=r"[Kk]ey ?[Nn]ot ?[Ff]ound|not found"):
             await guilds.get(f"{shard}.forged.guild")
         assert sim.news == []
     finally:

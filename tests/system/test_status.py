@@ -177,7 +177,7 @@ async def test_status_shows_a_run_waiting_for_its_shard_and_a_lease_past_its_dea
         table = (await asyncio.to_thread(status, own_nats, "--wait", "0.3")).stdout
         assert "RUNS WAITING FOR THEIR SHARD (1; cleanup pending, no attempt spent)" in table
         assert "LEASES PAST THEIR DEADLINE, STILL CONFIRMED (1; the shard should have let go)" in table
-        assert [line for line in table.splitlines() if line.startswith(leasing)][0].split()[2:5] == [
+        assert next(line for line in table.splitlines() if line.startswith(leasing)).split()[2:5] == [
             "events", "lease", "spawn.rate"]
         (line,) = [line for line in table.splitlines() if line.startswith(run_id)]
         assert line.split()[1:3] == ["uow", "2"] and "(in " in line and line.split()[-1] == "1"

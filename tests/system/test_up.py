@@ -24,7 +24,7 @@ async def _send_frame(found: dict[str, str], shard: str) -> bytes:
         sub = await nc.subscribe(subjects.frame(shard, "player.login"))
         await nc.flush()
         host, port = found["SHARD_ADDR"].rsplit(":", 1)
-        reader, writer = await asyncio.open_connection(host, int(port))
+        _reader, writer = await asyncio.open_connection(host, int(port))
         hello = {"t": 1, "kind": "server.hello", "shard": shard, "protocol": 7, "token": found["SHARD_TOKEN"]}
         line = b'{"t":2,"kind":"player.login","name":"Lord British"}'
         writer.write(json.dumps(hello).encode() + b"\n" + line + b"\n")

@@ -1,7 +1,7 @@
 """``shardbus up`` at scale: ``--replicas`` starts that many healthy processes per service
-(every gateway on its own shard port, the web replicas on one shared port), ``--nats-cluster 3`` runs three clustered nats-server
-nodes with the streams replicated three ways, a bad spec is refused clearly, and Ctrl-C
-leaves nothing running."""
+(every gateway on its own shard port, the web replicas on one shared port), ``--nats-cluster 3``
+runs three clustered nats-server nodes with the streams replicated three ways, a bad spec is
+refused clearly, and Ctrl-C leaves nothing running."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import pytest
 from shared import subjects
 from shared.broker import health_file_is_fresh
 from tests.system.up_process import start_up, stop_up, up_env
+
 
 def _services_running(proc: subprocess.Popen) -> Counter[str]:
     """How many ``shardbus run SERVICE`` processes ``shardbus up`` has, per service."""
@@ -42,7 +43,7 @@ async def _frame_arrives(nats_url: str, shard_addr: str, token: str, shard: str)
         sub = await nc.subscribe(subjects.frame(shard, "player.login"))
         await nc.flush()
         host, port = shard_addr.rsplit(":", 1)
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 5)
+        _reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 5)
         hello = {"t": 1, "kind": "server.hello", "shard": shard, "protocol": 7, "token": token}
         line = b'{"t":2,"kind":"player.login","name":"Dupre"}'
         writer.write(json.dumps(hello).encode() + b"\n" + line + b"\n")

@@ -35,7 +35,7 @@ async def test_a_frame_from_a_shard_arrives_on_nats_byte_for_byte(services, nc: 
 
     await nc.subscribe(subjects.frame(shard, ">"), cb=on_frame)
     await nc.flush()
-    reader, writer = await _dial(_gateway_addr(gateway))
+    _reader, writer = await _dial(_gateway_addr(gateway))
     hello = {"t": 1733000000000, "kind": "server.hello", "shard": shard, "protocol": 7, "token": TOKEN}
     # Odd spacing and key order on purpose: the frame must arrive exactly as sent.
     line = b'{"kind":"guild.update",  "t":1733000000001,"guild":{"id":7,"name":"\xc3\x84gis"}}'

@@ -84,7 +84,8 @@ async def test_a_change_wants_the_session_and_its_csrf_token(door):
     async with _browser(door) as anonymous:
         assert (await anonymous.post("/console/api/runs/r1/sweep")).status_code == 401
         # The bearer token is the HTTP API's; the console's routes take the session only.
-        bearer = await anonymous.post("/console/api/runs/r1/sweep", headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"})
+        bearer = await anonymous.post("/console/api/runs/r1/sweep",
+                                      headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"})
         assert bearer.status_code == 401
         assert (await anonymous.get("/console/events")).status_code == 401
         assert (await anonymous.get("/console/api/install-progress/abc")).status_code == 401

@@ -9,7 +9,7 @@ from tests.cleanup.conftest import connect_shard
 from tests.web.console_browser import browser, log_in, new_page, no_js_errors, screenshot, wait_live  # noqa: F401
 
 
-async def test_shards_and_boards_in_a_browser(browser, start_door, services, nc, unique):
+async def test_shards_and_boards_in_a_browser(browser, start_door, services, nc, unique):  # noqa: F811
     shard = f"s{unique}"
     linked = await connect_shard(nc, services, shard)
     door = await start_door()

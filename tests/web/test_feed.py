@@ -27,8 +27,8 @@ from websockets.uri import parse_uri
 
 from services.ledger.event_stream import declare_events_stream
 from services.web import feed_stream
-from services.web.feed_hub import FeedHub
 from services.web.feed_filter import FeedFilter, consumer_filters
+from services.web.feed_hub import FeedHub
 from simulator.seed_wire import GUILD_UPDATE
 from tests.gateway.conftest import wait_until
 from tests.web.conftest import MODULE_TOKENS, OPERATOR_TOKEN, WEBSITE_TOKEN, RunningDoor
@@ -57,7 +57,7 @@ async def feed_door(start_door, gateway, nc, unique) -> AsyncIterator[Callable[.
         hub_ = getattr(door.app.state, "feed", None)
         try:
             if hub_ is not None:
-                await wait_until(lambda: not hub_.clients, timeout=WAIT_S)
+                await wait_until(lambda hub_=hub_: not hub_.clients, timeout=WAIT_S)
         finally:
             with contextlib.suppress(Exception):
                 await nc.jetstream().delete_stream(door.settings.web_feed_stream)
@@ -173,7 +173,8 @@ def test_filter_subjects_let_nats_filter_without_overlaps():
     everything = FeedFilter.parse({}, ["guilds"]).subjects({"guilds": "BOARD_GUILDS"}, "ledger.events.run.*")
     assert consumer_filters(everything, many=True) == ["shard.*.frame.>", "$KV.BOARD_GUILDS.>", "ledger.events.run.*"]
     assert consumer_filters(everything, many=False) == ["*.*.>"]
-    assert wanted.matches("frame", "uo1", "guild.roster", None) and not wanted.matches("frame", "uo2", "guild.roster", None)
+    assert wanted.matches("frame", "uo1", "guild.roster", None)
+    assert not wanted.matches("frame", "uo2", "guild.roster", None)
     assert not wanted.matches("frame", "uo1", "guild", None)  # > needs one token more
 
 
@@ -318,9 +319,9 @@ async def test_the_token_in_the_url_is_never_logged(feed_door, sockets, caplog):
         await next_event(header)
     finally:
         await header.close()
-    async with door.client(None) as http:
-        async with http.stream("GET", "/events", params={"token": WEBSITE_TOKEN, "types": "frame"}) as response:
-            await SseReader(response).next(1)
+    async with door.client(None) as http, \
+            http.stream("GET", "/events", params={"token": WEBSITE_TOKEN, "types": "frame"}) as response:
+        await SseReader(response).next(1)
     door_lines = "\n".join(r.getMessage() for r in caplog.records  # not the test's own clients
                            if not r.name.startswith(("httpx", "httpcore", "websockets.client")))
     assert "GET /ws?token=***" in door_lines and "authorization: Bearer ***" in door_lines  # uvicorn at DEBUG

@@ -6,28 +6,30 @@ import asyncio
 import logging
 
 from alembic import context
-from sqlalchemy import text
+from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 from sqlmodel import SQLModel
 
-from services.ledger import tables  # noqa: F401  (registers the tables on the metadata)
+from services.ledger import queries, tables  # noqa: F401  (tables registers the tables on the metadata)
 from services.ledger.migrate import LOCK_ID
 
 log = logging.getLogger("alembic.env")
 target_metadata = SQLModel.metadata
 
 
-def _migrate(connection) -> None:
+def _migrate(connection: Connection) -> None:
     context.configure(connection=connection, target_metadata=target_metadata,
                       transaction_per_migration=False)
     with context.begin_transaction():
-        connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOCK_ID})
+        connection.execute(text(queries.MIGRATION_LOCK.text), {"k": LOCK_ID})
         context.run_migrations()
 
 
 async def _run_online() -> None:
     url = context.config.get_main_option("sqlalchemy.url")
+    if url is None:
+        raise RuntimeError("alembic_config() sets sqlalchemy.url")
     engine = create_async_engine(url, poolclass=NullPool)
     try:
         async with engine.connect() as conn:

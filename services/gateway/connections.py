@@ -1,0 +1,167 @@
+"""The shards' TCP connections, from hello to close: the hello's check, attaching the link (its
+command and news subscriptions), reading its lines, the heartbeat, and detaching it.
+
+Plain asyncio and nats-py (no FastStream). The command subscription ``shard.<shard>.cmd.>``
+exists only while the shard is connected, so only the replica holding the shard answers, and
+a shard with no connection anywhere gives the caller NATS's immediate "no responders" — the
+503 of the command plane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from services.gateway.board_store import direct, news_line
+from services.gateway.command_relay import CommandRelay
+from services.gateway.intake import FrameIntake, Spawn
+from services.gateway.link import ShardLink
+from services.gateway.settings import GatewaySettings
+from services.gateway.wire import Hello, HelloRefused, LineTooLong, check_hello, read_line
+from shared import subjects
+
+log = logging.getLogger("shardbus.gateway")
+
+HELLO_REFUSED = "gateway.hello.refused"
+"""The one line a refused shard gets before the gateway closes: why (never the token)."""
+
+
+class Connections:
+    """Accepts a shard's connection (``handle``, the listener's callback) and keeps its link in
+    ``links`` (shard → link) while it lasts; a shard's new connection replaces its old one."""
+
+    def __init__(self, nc: Client, settings: GatewaySettings, line_cap: int, links: dict[str, ShardLink],
+                 intake: FrameIntake, commands: CommandRelay, spawn: Spawn) -> None:
+        self.nc, self.settings, self.line_cap = nc, settings, line_cap
+        self.links, self.intake, self.commands, self.spawn = links, intake, commands, spawn
+
+    def token_for(self, shard: str) -> str:
+        """The token ``shard`` must present: its own if configured, else the common one."""
+        own = self.settings.shard_tokens.get(shard)
+        return (own or self.settings.shard_token).get_secret_value()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One TCP connection from hello to close."""
+        peer = str(writer.get_extra_info("peername"))
+        link: ShardLink | None = None
+        why = "the shard closed the connection"
+        try:
+            first = await asyncio.wait_for(read_line(reader, self.line_cap),
+                                           self.settings.hello_timeout_s)
+            if first is None:
+                return
+            hello = check_hello(first, self.token_for)
+            link = await self._attach(hello, writer, first, peer)
+            await self._read_lines(link, reader)
+        except HelloRefused as exc:
+            log.warning("hello refused", extra={"peer": peer, "reason": str(exc)})
+            await _tell_refused(writer, str(exc))
+        except (LineTooLong, TimeoutError, ConnectionError) as exc:
+            why = str(exc) or type(exc).__name__
+            if link is None:  # a link's end is logged once, as "shard disconnected"
+                log.warning("connection closed", extra={"peer": peer, "reason": why})
+        except Exception as exc:  # a bug ends this connection only, logged with its trace
+            why = f"the gateway failed: {exc!r}"
+            log.exception("connection failed", extra={"peer": peer})
+        finally:
+            if link is not None:
+                await self.detach(link, link.ending or why)
+            writer.close()
+
+    async def _attach(self, hello: Hello, writer: asyncio.StreamWriter, first: bytes,
+                      peer: str) -> ShardLink:
+        old = self.links.get(hello.shard)
+        if old is not None:
+            log.info("shard reconnected; closing its old connection", extra={"shard": hello.shard})
+            await self.detach(old, "replaced by a new connection")
+        link = ShardLink(hello, writer)
+        self.links[hello.shard] = link
+
+        commands, announcements = subjects.command_wildcard(hello.shard), subjects.news_announce(hello.shard)
+
+        async def on_command(msg: Msg) -> None:
+            # Each command in its own task: nats-py runs a subscription's callbacks one by one.
+            if direct(msg, commands):
+                self.spawn(self.commands.answer(link, msg))
+
+        async def on_news(msg: Msg) -> None:
+            if direct(msg, announcements):
+                self.spawn(link.send(news_line(json.loads(msg.data), announce=True)))
+
+        link.subscriptions = [await self.nc.subscribe(commands, cb=on_command),
+                              await self.nc.subscribe(announcements, cb=on_news)]
+        try:  # the server knows the subscriptions before the shard counts as connected
+            await self.nc.flush(timeout=2)
+        except Exception:  # noqa: BLE001 — NATS slow or away: the shard is served all the same
+            log.warning("NATS did not confirm the command subscription", extra={"shard": hello.shard})
+        log.info("shard connected", extra={"shard": hello.shard, "protocol": hello.protocol, "peer": peer})
+        await self.intake.take_hello(link, first)
+        self.spawn(self._ping(link))
+        return link
+
+    async def detach(self, link: ShardLink, why: str) -> None:
+        """Close the link (commands still waiting get a 503) and drop its subscriptions."""
+        # Closed first: a command arriving until the unsubscription lands gets a 503 at once.
+        if not link.closed:
+            log.info("shard disconnected", extra={"shard": link.shard, "reason": why, "frames": link.frames,
+                                                  "deadLetters": link.dead_letters,
+                                                  "connectedForS": round(time.time() - link.connected_at, 3)})
+        link.close(why)
+        subscriptions, link.subscriptions = link.subscriptions, []
+        try:
+            for sub in subscriptions:
+                await sub.unsubscribe()
+            if subscriptions:
+                await self.nc.flush(timeout=2)
+        except Exception:  # noqa: BLE001 — NATS away: the subscriptions go with the connection
+            pass
+        if self.links.get(link.shard) is link:
+            del self.links[link.shard]
+
+    async def detach_all(self, why: str) -> None:
+        """Close every link."""
+        for link in list(self.links.values()):
+            await self.detach(link, why)
+
+    async def _ping(self, link: ShardLink) -> None:
+        """Ping every so often, and disconnect a shard silent past the timeout.
+
+        A watchdog rather than a timeout around each read: that would cost a task per line."""
+        ping = json.dumps({"kind": "gateway.ping"}).encode() + b"\n"
+        timeout = self.settings.silence_timeout_s
+        next_ping = time.monotonic() + self.settings.ping_every_s
+        while not link.closed:
+            await asyncio.sleep(min(self.settings.ping_every_s, timeout) / 4)
+            if time.time() - link.last_line_at > timeout:
+                link.ending = f"silent for {timeout} s"  # logged once, as "shard disconnected"
+                link.writer.transport.abort()
+                return
+            if time.monotonic() >= next_ping:
+                next_ping += self.settings.ping_every_s
+                await link.send(ping)
+
+    async def _read_lines(self, link: ShardLink, reader: asyncio.StreamReader) -> None:
+        cap = self.line_cap
+        while not link.closed:
+            line = await read_line(reader, cap)
+            if line is None:
+                return
+            link.last_line_at = time.time()
+            link.line_no += 1
+            if not line.strip():
+                continue
+            await self.intake.take(link, line)
+
+
+async def _tell_refused(writer: asyncio.StreamWriter, reason: str) -> None:
+    """Say why the hello was refused, on one line, before closing (best effort)."""
+    try:
+        writer.write(json.dumps({"kind": HELLO_REFUSED, "reason": reason}).encode() + b"\n")
+        await asyncio.wait_for(writer.drain(), 1.0)
+    except (ConnectionError, TimeoutError):
+        pass

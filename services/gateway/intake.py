@@ -1,0 +1,136 @@
+"""What a shard's lines become. Its hello and every later line go to JetStream through the
+shard's publisher: a frame, or a dead letter with the reason. A board frame also goes to the
+boards, an answer to the command waiting for it; a hello replays the shard's news."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from services.gateway.board_store import BoardStore
+from services.gateway.boards import RosterAssembler, board_ops
+from services.gateway.link import ShardLink
+from services.gateway.publisher import Outgoing, ShardPublisher
+from services.gateway.settings import GatewaySettings
+from services.gateway.wire import DeadLetter, sort_line
+from shared import subjects
+
+log = logging.getLogger("shardbus.gateway")
+
+PONG = "gateway.pong"
+"""The shard's answer to a ping: a sign of life, not forwarded as a frame."""
+
+CHUNKED_KINDS = frozenset({"guild.roster"})
+"""Kinds whose ``seq`` numbers the chunks of one roster, not the shard's frame sequence."""
+
+REASON_HEADER = "Shardbus-Reason"
+"""Header of a dead letter saying why the line could not be a frame."""
+
+REASON_CHARS = 300
+"""Longest Shardbus-Reason header."""
+
+Spawn = Callable[[Coroutine[Any, Any, None]], None]
+"""Runs a coroutine in the background, as a task the gateway cancels when it stops."""
+
+
+class FrameIntake:
+    """Every shard's lines in: one :class:`ShardPublisher` per shard (created on first use; it
+    outlives connections, so a reconnect cannot overtake frames still buffered), acknowledging
+    a frame's ``seq`` on the shard's link once JetStream holds it."""
+
+    def __init__(self, nc: Client, js: JetStreamContext, settings: GatewaySettings, boards: BoardStore,
+                 links: Mapping[str, ShardLink], spawn: Spawn) -> None:
+        self.nc, self.js, self.settings, self.boards = nc, js, settings, boards
+        self.links = links
+        self.spawn = spawn
+        self.publishers: dict[str, ShardPublisher] = {}
+
+    def publisher(self, shard: str) -> ShardPublisher:
+        """The shard's publisher (created on first use; it outlives connections)."""
+        if shard not in self.publishers:
+            pub = ShardPublisher(self.nc, self.js, window=self.settings.publish_window,
+                                 ack_timeout_s=self.settings.publish_ack_timeout_s,
+                                 buffer=self.settings.buffer_frames, buffer_bytes=self.settings.buffer_bytes,
+                                 dead_letter_subject=subjects.deadletter(shard),
+                                 on_stored=functools.partial(self._acknowledge, shard))
+            pub.start()
+            self.publishers[shard] = pub
+        return self.publishers[shard]
+
+    def _acknowledge(self, shard: str, item: Outgoing) -> None:
+        link = self.links.get(shard)
+        if item.ack_seq is None or link is None:
+            return
+        link.post(b'{"kind":"frame.ack","seq":%d}\n' % item.ack_seq)
+
+    async def take_hello(self, link: ShardLink, first: bytes) -> None:
+        """The hello that opened the link: forwarded without its token (a secret never goes into
+        the stream), and the stored news replayed."""
+        data = without_token(json.loads(first))
+        await self.publisher(link.shard).put(
+            Outgoing(subjects.frame(link.shard, "server.hello"), data, f"{link.shard}.{link.epoch}.0"))
+        self.spawn(self._replay_news(link))
+
+    async def take(self, link: ShardLink, line: bytes) -> None:
+        """One later line of the link (not blank)."""
+        shard = link.shard
+        item = sort_line(line)
+        msg_id = f"{shard}.{link.epoch}.{link.line_no}"
+        if isinstance(item, DeadLetter):
+            link.dead_letters += 1
+            log.warning("dead letter", extra={"shard": shard, "reason": item.reason, "line_no": link.line_no})
+            await self.publisher(shard).put(Outgoing(subjects.deadletter(shard), line, msg_id,
+                                                     {REASON_HEADER: item.reason[:REASON_CHARS]}))
+            return
+        if item.kind == PONG:
+            return
+        if item.kind == "server.hello":
+            # A hello on an open link: the seed's sidecar takes it as the shard starting over
+            # (S004:295-298: partial rosters dropped, news replayed). It is forwarded like the
+            # first one, without its token: a secret never goes into the stream.
+            line = without_token(item.body)
+            link.rosters = RosterAssembler()
+            self.spawn(self._replay_news(link))
+        link.answered(item.body, line)
+        seq = item.body.get("seq")
+        ack_seq = None
+        if type(seq) is int and item.kind not in CHUNKED_KINDS:
+            msg_id, ack_seq = f"{shard}.seq.{seq}", seq
+        link.frames += 1
+        await self.publisher(shard).put(Outgoing(subjects.frame(shard, item.kind), line, msg_id,
+                                                 ack_seq=ack_seq))
+        ops, problem = board_ops(shard, item.kind, item.body, link.rosters)
+        if problem is not None:
+            # Forwarded as a frame all the same; the board could not use it, and says why.
+            link.dead_letters += 1
+            log.warning("dead letter", extra={"shard": shard, "reason": problem, "line_no": link.line_no})
+            await self.publisher(shard).put(Outgoing(subjects.deadletter(shard), line, f"{msg_id}.board",
+                                                     {REASON_HEADER: problem[:REASON_CHARS]}))
+        await self.boards.write(shard, ops)
+
+    async def _replay_news(self, link: ShardLink) -> None:
+        """After each hello, the stored news again, marked not to be announced."""
+        try:
+            lines = await self.boards.news_lines(link.shard, announce=False)
+        except Exception as exc:  # noqa: BLE001 — the bucket unreadable now: the next hello replays it
+            log.warning("news not replayed", extra={"shard": link.shard, "reason": repr(exc)})
+            return
+        for line in lines:
+            await link.send(line)
+
+    async def stop(self) -> None:
+        """Let buffered frames reach JetStream, then stop every publisher."""
+        await asyncio.gather(*(pub.stop() for pub in self.publishers.values()))
+
+
+def without_token(hello: dict[str, Any]) -> bytes:
+    """A hello as it is forwarded: every field but ``token``."""
+    return json.dumps({k: v for k, v in hello.items() if k != "token"}, ensure_ascii=False,
+                      separators=(",", ":")).encode()
