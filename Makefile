@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 LOCAL_NATS_URL ?= nats://127.0.0.1:4222
 LOCAL_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
-.PHONY: up test test-local-servers test-faults bench soak docs clean browser
+.PHONY: up test test-unit test-integration test-system test-local-servers test-faults bench soak docs clean browser lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,17 +46,43 @@ browser:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	@test -x $(CHROMIUM) || { echo "no Chromium at $(CHROMIUM): apt-get install chromium" >&2; exit 1; }
 
+# The suite runs in WORKERS pytest-xdist processes, a file to a worker (and every file that starts
+# whole stacks on one worker, in turn: tests/conftest.py, STACK_GROUP): each worker starts its
+# own nats-server and PostgreSQL (tests/conftest.py), so no two workers share a subject, a
+# stream or a database. Most tests wait on servers rather than compute, so four workers on two
+# cores take well under half the time of one (docs/architecture.md, "The test suite"). Servers
+# named by SHARDBUS_TEST_NATS_URL / SHARDBUS_TEST_DATABASE_URL would be shared, so with them (or
+# WORKERS=1) the suite runs in one process.
+WORKERS ?= 4
+PARALLEL = $(if $(SHARDBUS_TEST_NATS_URL)$(SHARDBUS_TEST_DATABASE_URL),,$(if $(filter-out 0 1,$(WORKERS)),-n $(WORKERS) --dist loadgroup))
+
 # The fault suite (tests/faults, marked `faults`) runs on its own: make test-faults.
 test: $(STAMP) browser
-	$(NO_STACK) $(PY) -m pytest -m "not faults"
+	$(NO_STACK) $(PY) -m pytest -m "not faults" $(PARALLEL)
 
-# The same suite against already-running servers (CI: the machine's NATS and PostgreSQL).
+# By cost (every test has one marker, given by tests/conftest.py): seconds, then minutes.
+test-unit: $(STAMP)
+	$(NO_STACK) $(PY) -m pytest -m unit
+test-integration: $(STAMP)
+	$(NO_STACK) $(PY) -m pytest -m integration $(PARALLEL)
+test-system: $(STAMP) browser
+	$(NO_STACK) $(PY) -m pytest -m system $(PARALLEL)
+
+# The same suite against already-running servers (CI: the machine's NATS and PostgreSQL). One
+# process: workers would share these servers, and one worker's in-process ledger would answer
+# another's requests from the wrong database.
 test-local-servers: $(STAMP) browser
 	$(NO_STACK) SHARDBUS_TEST_NATS_URL=$(LOCAL_NATS_URL) SHARDBUS_TEST_DATABASE_URL=$(LOCAL_DATABASE_URL) \
 		$(PY) -m pytest -m "not faults"
 
 test-faults: $(STAMP)
 	$(NO_STACK) $(PY) -m pytest -m faults
+
+# Lint and types (CI runs this): ruff over the tree, mypy strict on services/, shared/,
+# shardbus/ and simulator/ (pyproject.toml holds both configurations).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 bench: $(STAMP)
 	@set -e; for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done
@@ -69,11 +95,13 @@ soak: $(STAMP)
 
 # The README's settings table, each service's AsyncAPI document (every subject it serves,
 # with its payload schema) and the web door's OpenAPI document, all generated from the code.
+# The services and their app factories come from shardbus/registry.py ("NAME FACTORY" lines).
 docs: $(STAMP)
 	$(PY) -m shardbus.settings_catalog --update README.md
 	@mkdir -p docs/asyncapi
-	@set -e; for service in gateway ledger cleanup installer; do \
-		$(VENV)/bin/faststream docs gen --factory "services.$$service.app:create_app" \
+	@set -e; documented=$$($(PY) -m shardbus.registry --asyncapi); \
+	echo "$$documented" | while read -r service factory; do \
+		$(VENV)/bin/faststream docs gen --factory "$$factory" \
 			--out docs/asyncapi/$$service.json >/dev/null; \
 		echo "docs/asyncapi/$$service.json"; done
 	$(PY) -m services.web.openapi --out docs/openapi/web.json

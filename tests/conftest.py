@@ -129,11 +129,32 @@ def cost_of(item: pytest.Item) -> str:
     return "unit"
 
 
+STACK_GROUP = "whole-stack"
+"""The pytest-xdist group of every test module that runs ``shardbus up`` (tests/system/up_process.py):
+a whole stack is a nats-server, a PostgreSQL and up to a dozen service processes, and two of them
+starting and stopping at once on two cores overran their stop's 30 s (seen). One worker runs
+them one after another while the others take the rest."""
+
+
+@cache
+def _starts_stacks(path: str) -> bool:
+    try:
+        return "up_process" in Path(path).read_text()
+    except OSError:
+        return False
+
+
+# tryfirst: the groups must be on the items before pytest-xdist reads them (its own hook).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Give every test its cost marker (a test marked by hand keeps its own)."""
+    """Give every test its cost marker (a test marked by hand keeps its own), and its
+    pytest-xdist group (``make test --dist loadgroup``): its file, so a module's fixtures are
+    set up once, or :data:`STACK_GROUP`."""
     for item in items:
         if not any(item.get_closest_marker(name) for name in COST_MARKERS):
             item.add_marker(cost_of(item))
+        path = str(item.path)
+        item.add_marker(pytest.mark.xdist_group(STACK_GROUP if _starts_stacks(path) else path))
 
 
 # The guard: a process started during a test (set-up and tear-down included) is seen through
