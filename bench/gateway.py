@@ -6,13 +6,17 @@ gateway`` process, each figure beside a raw baseline measured in the same run:
 1. ingest: frames/s from one shard connection until a JetStream subscriber has received all
    of them (``ingest_frames_per_s``), beside nats-py publishing the same lines straight to
    JetStream with message ids and a window of acknowledgements, no gateway
-   (``raw_publish_per_s``); the ratio is the figure (target >= 0.30);
+   (``raw_publish_per_s``); the ratio is the figure (target >= 0.9, issue 15);
 2. latency: p50/p99 shard → subscriber at a steady 1,000 frames/s (target p99 <= 5 ms);
 3. commands: round trips/s and p50/p99 through the gateway and the shard simulator
    (``shardbus shard-sim``, its own process) with 64 concurrent callers, beside raw NATS
-   request/reply to an echo responder in its own process (target ``command_p50_ratio`` <= 2.5).
+   request/reply to an echo responder in its own process (target ``command_p50_ratio`` <= 2.3);
+4. many shards: 1,000 shard connections (``bench/shard_load.py``, a process of its own) at 20
+   frames/s each on one fresh gateway process, then on two: frame p50/p99 shard → subscriber
+   (targets p99 <= 10 ms) and the gateway's resident memory grown per shard (<= 100 KB).
 
-Run alone: ``python bench/gateway.py [--frames N]``; writes ``bench/results/gateway.json``.
+Run alone: ``python bench/gateway.py [--frames N] [--shards N] [--only shards]``; writes
+``bench/results/gateway.json``.
 ``--sync always`` runs the same phases on a nats-server that fsyncs every JetStream write
 before acknowledging it (the durable setting ``shardbus up`` ships) and writes
 ``bench/results/gateway-sync-always.json`` instead, so the two can be compared.
@@ -36,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import nats
+import psutil
 
 from shardbus import embedded
 from shared import subjects
@@ -60,9 +65,9 @@ def frame_line(kind: str, i: int) -> bytes:
     return b'{"t":%d,"kind":"%s","i":%d,"pad":"%s"}' % (int(time.time() * 1000), kind.encode(), i, PAD.encode())
 
 
-def start_gateway(workdir: Path, nats_url: str) -> tuple[subprocess.Popen, int]:
-    """A real gateway process on a free port; returns it and its shard port."""
-    log_path = workdir / "gateway.log"
+def start_gateway(workdir: Path, nats_url: str, name: str = "gateway") -> tuple[subprocess.Popen, int]:
+    """A real gateway process on a free port (its log ``<name>.log``); returns it and its shard port."""
+    log_path = workdir / f"{name}.log"
     env = {**os.environ, "SHARDBUS_NATS_URL": nats_url, "SHARDBUS_SHARD_TOKEN": TOKEN,
            "SHARDBUS_SHARD_PORT": "0", "SHARDBUS_LOG_LEVEL": "INFO"}
     with open(log_path, "ab") as log:
@@ -266,6 +271,101 @@ async def raw_requests(nats_url: str) -> tuple[float, float, float]:
         await nc.close()
 
 
+SAMPLE_EVERY = 10
+"""One frame in ten of each shard carries its send time (``bench.sample``): the latency is read
+from those, so the bench's own subscriber costs a tenth of the load."""
+
+
+def rss_kb(procs: list[subprocess.Popen]) -> float:
+    """The resident memory of ``procs``, added up, in KB."""
+    return sum(psutil.Process(proc.pid).memory_info().rss for proc in procs) / 1024
+
+
+def cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user and system) the processes ``pids`` have used."""
+    total = 0.0
+    for pid in pids:
+        times = psutil.Process(pid).cpu_times()
+        total += times.user + times.system
+    return total
+
+
+async def many_shards(nats_url: str, gateways: list[tuple[subprocess.Popen, int]], shards: int, rate: float,
+                      seconds: float, nats_pid: int) -> dict[str, float]:
+    """``shards`` connections (``bench/shard_load.py``, its own process) spread over ``gateways``,
+    ``rate`` frames/s each for ``seconds``: frame p50/p99 shard → live subscriber, and what the
+    gateway processes' resident memory grew by per shard (read mid-load)."""
+    nc = await nats.connect(nats_url)
+    latencies: list[float] = []
+    flowing: set[bytes] = set()
+
+    async def on_sample(msg) -> None:
+        data = msg.data
+        j = data.index(b'"ns":') + 5
+        latencies.append((time.monotonic_ns() - int(data[j:data.index(b",", j)])) / 1e6)
+        flowing.add(msg.subject.split(".", 2)[1].encode())
+
+    await nc.subscribe(subjects.frame("*", "bench.sample"), cb=on_sample)
+    await nc.flush()
+    procs = [proc for proc, _ in gateways]
+    before = rss_kb(procs)
+    load = await asyncio.create_subprocess_exec(
+        sys.executable, str(ROOT / "bench" / "shard_load.py"), "--ports", ",".join(str(p) for _, p in gateways),
+        "--shards", str(shards), "--rate", str(rate), "--seconds", str(seconds),
+        "--sample-every", str(SAMPLE_EVERY), "--prefix", f"m{uuid.uuid4().hex[:6]}", "--token", TOKEN,
+        stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
+    pids = {"gateway": [proc.pid for proc in procs], "nats_server": [nats_pid], "bench": [os.getpid()]}
+    try:
+        connected = await asyncio.wait_for(load.stdout.readline(), 120)
+        assert connected.startswith(b"connected"), connected
+        await asyncio.sleep(1.0)  # the load's first second is quiet
+        cpu_before = {name: cpu_s(p) for name, p in pids.items()}
+        await asyncio.sleep(seconds / 2)
+        during = rss_kb(procs)
+        summary = json.loads(await asyncio.wait_for(load.stdout.readline(), seconds + 120))
+        cpu_used = {name: round(cpu_s(p) - cpu_before[name], 2) for name, p in pids.items() }
+        cpu_used["load"] = summary["cpu_s"]
+        await asyncio.wait_for(load.wait(), 30)
+    finally:
+        if load.returncode is None:
+            load.kill()
+            await load.wait()
+    # Every sample on its way arrives (frames are never dropped, only late): up to a minute.
+    ended = time.monotonic()
+    while len(latencies) < summary["samples"] and time.monotonic() - ended < 60:
+        await asyncio.sleep(0.05)
+    drain_s = time.monotonic() - ended
+    await nc.close()
+    q = statistics.quantiles(latencies, n=100)
+    return {"shards": shards, "replicas": len(gateways), "frames_per_s_per_shard": rate,
+            "frames_sent": summary["sent"], "frames_per_s": round(summary["sent"] / seconds, 1),
+            "samples_sent": summary["samples"], "samples_received": len(latencies),
+            "shards_flowing": len(flowing), "connections_closed": summary["closed"],
+            "load_late_ticks": summary["late_ticks"], "drain_after_load_s": round(drain_s, 2),
+            "cpu_s_during_load": cpu_used,
+            "frame_p50_ms": round(statistics.median(latencies), 3), "frame_p99_ms": round(q[98], 3),
+            "rss_kb_before": round(before), "rss_kb_during": round(during),
+            "rss_kb_per_shard": round((during - before) / shards, 1)}
+
+
+async def shards_phase(workdir: Path, nats_url: str, shards: int, rate: float, seconds: float,
+                       replicas: int, nats_pid: int) -> dict[str, float]:
+    """The many-shards run on ``replicas`` fresh gateway processes, stopped after it."""
+    gateways: list[tuple[subprocess.Popen, int]] = []
+    try:
+        for n in range(replicas):
+            gateways.append(start_gateway(workdir, nats_url, f"gateway-many-{replicas}-{n}"))
+        result = await many_shards(nats_url, gateways, shards, rate, seconds, nats_pid)
+    finally:
+        for proc, _ in gateways:
+            embedded.stop_process(proc)
+    print(f"{shards} shards x {rate:g} f/s on {replicas} gateway(s): p50 {result['frame_p50_ms']:.2f} ms  "
+          f"p99 {result['frame_p99_ms']:.2f} ms  {result['rss_kb_per_shard']:.1f} KB/shard  "
+          f"samples {result['samples_received']}/{result['samples_sent']} (drained {result['drain_after_load_s']} s "
+          f"after)  flowing {result['shards_flowing']}  cpu s {result['cpu_s_during_load']}")
+    return result
+
+
 async def measure(nats_url: str, port: int, frames: int) -> dict[str, float]:
     raw_rate = await raw_publish(nats_url, frames)
     print(f"raw JetStream publish:  {raw_rate:10.0f} frames/s")
@@ -298,29 +398,50 @@ async def measure(nats_url: str, port: int, frames: int) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--frames", type=int, default=200_000, help="frames in the ingest phase")
+    parser.add_argument("--shards", type=int, default=1000, help="shard connections in the many-shards phase")
+    parser.add_argument("--shard-rate", type=float, default=20.0, help="frames/s of each of those shards")
+    parser.add_argument("--shard-seconds", type=float, default=10.0, help="how long they send")
+    parser.add_argument("--only", choices=("all", "shards"), default="all",
+                        help="'shards': only the many-shards phase (merged into the results file)")
     parser.add_argument("--sync", choices=("default", "always"), default="default",
                         help="JetStream fsync: 'default' (periodic, every 2 min) or 'always' (every "
                         "write, before its acknowledgement: what shardbus up runs)")
     args = parser.parse_args()
     print(f"JetStream sync: {args.sync}")
+    name = "gateway.json" if args.sync == "default" else "gateway-sync-always.json"
+    out = ROOT / "bench" / "results" / name
+    results: dict = json.loads(out.read_text()) if args.only == "shards" and out.exists() else {}
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
         workdir = Path(tmp)
         server = embedded.start_nats(workdir / "nats", durable=args.sync == "always")
         gateway = None
         try:
-            gateway, port = start_gateway(workdir, server.url)
-            results = asyncio.run(measure(server.url, port, args.frames))
+            if args.only == "all":
+                gateway, port = start_gateway(workdir, server.url)
+                results.update(asyncio.run(measure(server.url, port, args.frames)))
+                embedded.stop_process(gateway)
+                gateway = None
+            for replicas in (1, 2):
+                many = asyncio.run(shards_phase(workdir, server.url, args.shards, args.shard_rate,
+                                                args.shard_seconds, replicas, server.proc.pid))
+                key = f"shards_{args.shards}" + ("" if replicas == 1 else f"_replicas{replicas}")
+                results[f"{key}_frame_p50_ms"] = many["frame_p50_ms"]
+                results[f"{key}_frame_p99_ms"] = many["frame_p99_ms"]
+                results[f"{key}_rss_kb_per_shard"] = many["rss_kb_per_shard"]
+                results[f"{key}_run"] = many
         finally:
             if gateway is not None:
                 embedded.stop_process(gateway)
             server.stop()
-    targets = {"ingest_ratio": results["ingest_ratio"] >= 0.30,
+    shards_key = f"shards_{args.shards}"
+    # Issue 15's targets.
+    targets = {"ingest_ratio": results["ingest_ratio"] >= 0.9,
                "latency_p99_ms_at_1k": results["latency_p99_ms_at_1k"] <= 5.0,
-               "command_p50_ratio": results["command_p50_ratio"] <= 2.5}
+               "command_p50_ratio": results["command_p50_ratio"] <= 2.3,
+               f"{shards_key}_frame_p99_ms": results[f"{shards_key}_frame_p99_ms"] <= 10.0,
+               f"{shards_key}_rss_kb_per_shard": results[f"{shards_key}_rss_kb_per_shard"] <= 100.0}
     results["targets_met"] = targets
     results["sync"] = args.sync
-    name = "gateway.json" if args.sync == "default" else "gateway-sync-always.json"
-    out = ROOT / "bench" / "results" / name
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"targets met: {targets}\nwrote {out.relative_to(ROOT)}")

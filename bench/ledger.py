@@ -3,11 +3,15 @@
 From one run against one PostgreSQL (embedded, durable settings as deployed) and one
 nats-server, with a real ``shardbus run ledger`` process:
 
-1. reserve+confirm through the ledger over NATS with 32 concurrent clients, each pair two
-   guarded transitions with their run-log entries and update events (``transitions_per_s``);
-2. the raw baseline in the same run: asyncpg, 32 connections, the same INSERT (reserve) and
-   guarded ``UPDATE … WHERE status IN ('pending')`` (confirm), without log or events
-   (``raw_updates_per_s``); the ratio is the figure (target >= 0.5);
+1. reserve+confirm through the ledger over NATS with 1, 8, 32 and 128 concurrent clients, each
+   pair two guarded transitions with their run-log entries and update events
+   (``transitions_by_clients``; ``transitions_per_s`` is the figure at 32), with the CPU
+   microseconds per transition of every process in the path (ledger, nats-server, PostgreSQL
+   with its backends, the bench's own client), read from /proc through psutil;
+2. the raw baseline in the same run at the same levels: asyncpg, one connection per client (at
+   most 64), the same INSERT (reserve) and guarded ``UPDATE … WHERE status IN ('pending')``
+   (confirm), without log or events (``raw_updates_per_s``), with its CPU per transition; the
+   ratio at 32 clients is the figure (``transition_ratio``, target >= 1.0, issue 15);
 3. what the transactional outbox costs, in the same run, straight through asyncpg with the
    ledger stopped: the reserve+confirm statements with their run-log entries, without and
    with the outbox insert the ledger's statements carry (``outbox_cost_ratio``), and how fast
@@ -39,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 import asyncpg
 import nats
+import psutil
 
 from shardbus import embedded
 from shared import subjects
@@ -58,10 +63,11 @@ def _plain(url: str) -> str:
     return url.replace("postgresql+asyncpg://", "postgresql://", 1)
 
 
-async def ledger_transitions(nats_url: str, seconds: float) -> tuple[float, int]:
-    """reserve+confirm pairs through the ledger for ``seconds``; transitions/s and errors."""
+async def ledger_transitions(nats_url: str, seconds: float, clients: int = CLIENTS) -> tuple[float, int, int]:
+    """reserve+confirm pairs by ``clients`` concurrent callers through the ledger for ``seconds``;
+    transitions/s, errors and transitions made."""
     nc = await nats.connect(nats_url)
-    run = f"bench-{os.getpid()}"
+    run = f"bench-{os.getpid()}-{time.monotonic_ns()}"
     await nc.request(subjects.LEDGER_RUN_CREATE, json.dumps({"runId": run, "shard": "uo1", "event": "bench"}).encode(),
                      timeout=5)
     await nc.request(subjects.LEDGER_RUN_STATUS, json.dumps({"runId": run, "status": "running"}).encode(), timeout=5)
@@ -73,27 +79,35 @@ async def ledger_transitions(nats_url: str, seconds: float) -> tuple[float, int]
         i = 0
         while time.perf_counter() < stop:
             i += 1
-            ref = f"n{n}-{i}"
+            ref = f"{run}-{n}-{i}"
             body = {"runId": run, "module": "bench", "kind": "creature", "ref": ref, "idempotencyKey": f"L{ref}"}
             reply = json.loads((await nc.request(subjects.LEDGER_RESOURCE_RESERVE, json.dumps(body).encode(),
                                                  timeout=10)).data)
+            if reply["status"] != 200:
+                errors += 1
+                first_error.append(reply)
+                continue
             confirm = json.loads((await nc.request(subjects.LEDGER_RESOURCE_CONFIRM, json.dumps(
                 {"resourceId": reply["resource"]["resourceId"]}).encode(), timeout=10)).data)
-            if reply["status"] == 200 and confirm["status"] == 200:
+            if confirm["status"] == 200:
                 done += 2
             else:
                 errors += 1
+                first_error.append(confirm)
 
+    first_error: list[dict] = []
     started = time.perf_counter()
-    await asyncio.gather(*(client(n) for n in range(CLIENTS)))
+    await asyncio.gather(*(client(n) for n in range(clients)))
     elapsed = time.perf_counter() - started
     await nc.close()
-    return done / elapsed, errors
+    if first_error:
+        print(f"ledger, {clients} clients: {errors} errors, the first: {first_error[0]}")
+    return done / elapsed, errors, done
 
 
-async def raw_transitions(db_url: str, seconds: float) -> float:
+async def raw_transitions(db_url: str, seconds: float, clients: int = CLIENTS) -> tuple[float, int]:
     """The same reserve (INSERT) + guarded confirm (UPDATE) straight through asyncpg."""
-    return await _pairs_through_asyncpg(db_url, seconds, "raw", _RAW_RESERVE, _RAW_CONFIRM)
+    return await _pairs_through_asyncpg(db_url, seconds, "raw", _RAW_RESERVE, _RAW_CONFIRM, clients)
 
 
 _RAW_RESERVE = ("INSERT INTO resources (run_id, module, kind, ref, status, idempotency_key) "
@@ -103,10 +117,17 @@ _RAW_CONFIRM = ("UPDATE resources SET status = 'confirmed', updated_at = now() W
                 "RETURNING *")
 
 
-async def _pairs_through_asyncpg(db_url: str, seconds: float, name: str, reserve: str, confirm: str) -> float:
-    """``CLIENTS`` connections each running ``reserve`` ($1 run, $2 ref, $3 key → id) then
-    ``confirm`` ($1 id, $2 allowed) for ``seconds``; transitions/s."""
-    pool = await asyncpg.create_pool(_plain(db_url), min_size=CLIENTS, max_size=CLIENTS)
+RAW_CONNECTIONS_MAX = 64
+"""The most connections the raw baseline opens (the server allows 100); more clients share them."""
+
+
+async def _pairs_through_asyncpg(db_url: str, seconds: float, name: str, reserve: str, confirm: str,
+                                 clients: int = CLIENTS) -> tuple[float, int]:
+    """``clients`` callers (on at most RAW_CONNECTIONS_MAX connections) each running ``reserve``
+    ($1 run, $2 ref, $3 key → id) then ``confirm`` ($1 id, $2 allowed) for ``seconds``;
+    transitions/s and transitions made."""
+    size = min(clients, RAW_CONNECTIONS_MAX)
+    pool = await asyncpg.create_pool(_plain(db_url), min_size=size, max_size=size)
     run = f"{name}-{os.getpid()}-{time.monotonic_ns()}"
     await pool.execute("INSERT INTO runs (run_id, shard, event, status) VALUES ($1, 'uo1', 'bench', 'running')", run)
     done = 0
@@ -115,8 +136,8 @@ async def _pairs_through_asyncpg(db_url: str, seconds: float, name: str, reserve
     async def client(n: int) -> None:
         nonlocal done
         i = 0
-        async with pool.acquire() as conn:
-            while time.perf_counter() < stop:
+        while time.perf_counter() < stop:
+            async with pool.acquire() as conn:
                 i += 1
                 ref = f"{run}-{n}-{i}"
                 rid = await conn.fetchval(reserve, run, ref, ref)
@@ -124,10 +145,10 @@ async def _pairs_through_asyncpg(db_url: str, seconds: float, name: str, reserve
                     done += 2
 
     started = time.perf_counter()
-    await asyncio.gather(*(client(n) for n in range(CLIENTS)))
+    await asyncio.gather(*(client(n) for n in range(clients)))
     elapsed = time.perf_counter() - started
     await pool.close()
-    return done / elapsed
+    return done / elapsed, done
 
 
 _LOGGED_RESERVE = """
@@ -160,7 +181,7 @@ async def logged_transitions(db_url: str, seconds: float, outbox: bool) -> float
     reserve = _LOGGED_RESERVE.format(events=_EVENTS.format(kind="resource.recorded", source="ins") if outbox else "")
     confirm = _LOGGED_CONFIRM.format(events=_EVENTS.format(kind="resource.confirmed", source="changed")
                                      if outbox else "")
-    return await _pairs_through_asyncpg(db_url, seconds, f"logged{int(outbox)}", reserve, confirm)
+    return (await _pairs_through_asyncpg(db_url, seconds, f"logged{int(outbox)}", reserve, confirm))[0]
 
 
 async def outbox_rows(db_url: str) -> int:
@@ -240,6 +261,48 @@ async def console_latency(nats_url: str, db_url: str, run_id: str) -> dict[str, 
             "console_bytes": len(json.dumps(reply))}
 
 
+CLIENT_LEVELS = (1, 8, 32, 128)
+"""Concurrent callers of the transition sweep (ledger and raw alike); the ratio at 32 is the figure."""
+
+
+def _cpu_s(proc: psutil.Process, with_children: bool) -> float:
+    """CPU seconds ``proc`` has used; with its children (PostgreSQL's backends), the live ones and
+    those it has reaped."""
+    times = proc.cpu_times()
+    total = times.user + times.system
+    if with_children:
+        total += times.children_user + times.children_system
+        for child in proc.children(recursive=True):
+            try:
+                child_times = child.cpu_times()
+                total += child_times.user + child_times.system
+            except psutil.NoSuchProcess:
+                pass
+    return total
+
+
+class CpuMeter:
+    """CPU seconds of each process in a path, read before and after a phase."""
+
+    def __init__(self, **procs: tuple[int, bool]) -> None:
+        self.procs = {name: (psutil.Process(pid), children) for name, (pid, children) in procs.items()}
+        self.start: dict[str, float] = {}
+
+    def __enter__(self) -> CpuMeter:
+        self.start = {name: _cpu_s(proc, children) for name, (proc, children) in self.procs.items()}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.used = {name: _cpu_s(proc, children) - self.start[name]
+                     for name, (proc, children) in self.procs.items()}
+
+    def per_op_us(self, ops: int) -> dict[str, float]:
+        """CPU microseconds per operation of each process, and their total."""
+        per = {name: round(used * 1e6 / max(ops, 1), 1) for name, used in self.used.items()}
+        per["total"] = round(sum(per.values()), 1)
+        return per
+
+
 def start_ledger(tmp: Path, nats_url: str, db_url: str) -> subprocess.Popen:
     health = tmp / "ledger.health"
     env = {**os.environ, "SHARDBUS_NATS_URL": nats_url, "SHARDBUS_DATABASE_URL": db_url,
@@ -259,7 +322,7 @@ def start_ledger(tmp: Path, nats_url: str, db_url: str) -> subprocess.Popen:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="resources in the database for the console read")
-    parser.add_argument("--seconds", type=float, default=10.0, help="duration of each transition phase")
+    parser.add_argument("--seconds", type=float, default=8.0, help="duration of each transition phase")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-ledger-", dir="/tmp"))
     nats_server = embedded.start_nats(tmp / "nats")
@@ -271,11 +334,27 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "shardbus", "migrate", "--database-url", db_url], cwd=ROOT,
                        check=True, capture_output=True)
         ledger = start_ledger(tmp, nats_server.url, db_url)
-        transitions, errors = asyncio.run(ledger_transitions(nats_server.url, args.seconds))
+        sweep: dict[int, dict] = {}
+        for clients in CLIENT_LEVELS:
+            with CpuMeter(ledger=(ledger.pid, True), nats_server=(nats_server.proc.pid, False),
+                          postgres=(pg.proc.pid, True), bench_client=(os.getpid(), False)) as cpu:
+                rate, errors, done = asyncio.run(ledger_transitions(nats_server.url, args.seconds, clients))
+            sweep[clients] = {"transitions_per_s": round(rate, 1), "errors": errors,
+                              "cpu_us_per_transition": cpu.per_op_us(done)}
+            print(f"ledger, {clients:3d} clients: {rate:8.0f} transitions/s  cpu µs/transition "
+                  f"{sweep[clients]['cpu_us_per_transition']}")
+        transitions, errors = sweep[CLIENTS]["transitions_per_s"], sum(level["errors"] for level in sweep.values())
         lag_s = asyncio.run(drain_time(db_url))  # events still to publish when the load stopped
         embedded.stop_process(ledger)
         ledger = None
-        raw = asyncio.run(raw_transitions(db_url, args.seconds))
+        for clients in CLIENT_LEVELS:
+            with CpuMeter(postgres=(pg.proc.pid, True), bench_client=(os.getpid(), False)) as cpu:
+                rate, done = asyncio.run(raw_transitions(db_url, args.seconds, clients))
+            sweep[clients].update(raw_updates_per_s=round(rate, 1), raw_cpu_us_per_transition=cpu.per_op_us(done),
+                                  ratio=round(sweep[clients]["transitions_per_s"] / rate, 3))
+            print(f"raw,    {clients:3d} clients: {rate:8.0f} transitions/s  cpu µs/transition "
+                  f"{sweep[clients]['raw_cpu_us_per_transition']}  ratio {sweep[clients]['ratio']}")
+        raw = sweep[CLIENTS]["raw_updates_per_s"]
         without_outbox = asyncio.run(logged_transitions(db_url, args.seconds, outbox=False))
         with_outbox = asyncio.run(logged_transitions(db_url, args.seconds, outbox=True))
         backlog = asyncio.run(outbox_rows(db_url))
@@ -296,6 +375,7 @@ def main() -> int:
         "raw_updates_per_s": round(raw, 1),
         "transition_ratio": round(transitions / raw, 3),
         "transition_errors": errors,
+        "transitions_by_clients": {str(clients): level for clients, level in sweep.items()},
         "relay_lag_after_load_s": round(lag_s, 3),
         "logged_transitions_per_s_without_outbox": round(without_outbox, 1),
         "logged_transitions_per_s_with_outbox": round(with_outbox, 1),
@@ -308,7 +388,7 @@ def main() -> int:
         "resources_in_database": args.rows,
         "console_resources": CONSOLE_ROWS,
         "fill_seconds": round(fill_s, 1),
-        "targets": {"transition_ratio": ">= 0.5", "console_p99_ms": "<= 20"},
+        "targets": {"transition_ratio": ">= 1.0 at 32 clients (issue 15)", "console_p99_ms": "<= 10 (issue 15)"},
     }
     out = ROOT / "bench" / "results" / "ledger.json"
     out.parent.mkdir(parents=True, exist_ok=True)
