@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
+import uvloop
 from faststream import FastStream
 from faststream.nats import NatsBroker
 
@@ -17,6 +18,10 @@ from services.gateway.gateway import Gateway, Serving, serve
 from services.gateway.settings import GatewaySettings
 from shared import logs, subjects
 from shared.broker import add_health, make_app, make_broker
+
+LOOP_FACTORY = uvloop.new_event_loop
+"""``shardbus run gateway`` runs on uvloop: with many shards every frame is its own turn of the
+event loop, and uvloop's turns cost less (bench/gateway.py, docs/performance.md)."""
 
 
 @dataclass
