@@ -161,12 +161,17 @@ def test_a_second_terminal_in_the_same_directory_finds_the_stack(state_dir):
                    if c.cmdline()[-2:] == ["run", "web"]]
         assert len(web_env) == 1 and web_env[0]["SHARDBUS_WEB_DEFAULT_SHARD"] == "uo1"
     finally:
-        if sim is not None:
-            sim.send_signal(signal.SIGINT)
-            sim.wait(15)
-        if other_nats is not None:
-            other_nats.stop()
-        alive = stop_up(proc)
+        # Each step stops its own even when one before it fails: a simulator slow to leave on a
+        # loaded machine once raised here and left the whole stack running after the suite.
+        try:
+            if sim is not None:
+                embedded.stop_process(sim, signal.SIGINT, 15)
+        finally:
+            try:
+                if other_nats is not None:
+                    other_nats.stop()
+            finally:
+                alive = stop_up(proc)
     assert proc.returncode == 0
     assert alive == [], f"left running: {alive}"
 
