@@ -434,12 +434,11 @@ def main() -> int:
                 embedded.stop_process(gateway)
             server.stop()
     shards_key = f"shards_{args.shards}"
-    # Issue 15's targets.
-    targets = {"ingest_ratio": results["ingest_ratio"] >= 0.9,
-               "latency_p99_ms_at_1k": results["latency_p99_ms_at_1k"] <= 5.0,
-               "command_p50_ratio": results["command_p50_ratio"] <= 2.3,
-               f"{shards_key}_frame_p99_ms": results[f"{shards_key}_frame_p99_ms"] <= 10.0,
-               f"{shards_key}_rss_kb_per_shard": results[f"{shards_key}_rss_kb_per_shard"] <= 100.0}
+    # Issue 15's targets, for the figures this file holds (--only shards without an earlier run: those).
+    limits = {"ingest_ratio": (0.9, "min"), "latency_p99_ms_at_1k": (5.0, "max"), "command_p50_ratio": (2.3, "max"),
+              f"{shards_key}_frame_p99_ms": (10.0, "max"), f"{shards_key}_rss_kb_per_shard": (100.0, "max")}
+    targets = {key: results[key] >= limit if kind == "min" else results[key] <= limit
+               for key, (limit, kind) in limits.items() if key in results}
     results["targets_met"] = targets
     results["sync"] = args.sync
     out.parent.mkdir(parents=True, exist_ok=True)

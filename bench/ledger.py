@@ -85,7 +85,7 @@ async def ledger_transitions(nats_url: str, seconds: float, clients: int = CLIEN
                                                  timeout=10)).data)
             if reply["status"] != 200:
                 errors += 1
-                first_error.append(reply)
+                first_error[:] = first_error or [reply]
                 continue
             confirm = json.loads((await nc.request(subjects.LEDGER_RESOURCE_CONFIRM, json.dumps(
                 {"resourceId": reply["resource"]["resourceId"]}).encode(), timeout=10)).data)
@@ -93,7 +93,7 @@ async def ledger_transitions(nats_url: str, seconds: float, clients: int = CLIEN
                 done += 2
             else:
                 errors += 1
-                first_error.append(confirm)
+                first_error[:] = first_error or [confirm]
 
     first_error: list[dict] = []
     started = time.perf_counter()

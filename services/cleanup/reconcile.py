@@ -38,9 +38,10 @@ from services.cleanup.giveback import LEASE_KIND, WORLD_KINDS
 from services.cleanup.ledger_client import LedgerClient, LedgerError
 from services.cleanup.port import NoAnswer, NoResponder, Port
 from shared import subjects
+from shared.contracts import ledger as ledger_contract
 from shared.contracts.ids import is_shard_id
 
-REF_MAX = 190
+REF_MAX = ledger_contract.REF_MAX
 """The ledger's longest ref: a serial the shard lists that is longer (or holds what PostgreSQL
 cannot store) names no row, and is not sent back as present (the ledger would refuse it)."""
 

@@ -17,7 +17,7 @@ from nats.js import JetStreamContext
 from services.gateway.board_store import BoardStore
 from services.gateway.boards import RosterAssembler, board_ops
 from services.gateway.link import ShardLink
-from services.gateway.publisher import Outgoing, ShardPublisher
+from services.gateway.publisher import REASON_CHARS, REASON_HEADER, Outgoing, ShardPublisher
 from services.gateway.settings import GatewaySettings
 from services.gateway.wire import DeadLetter, sort_line
 from shared import subjects
@@ -29,12 +29,6 @@ PONG = "gateway.pong"
 
 CHUNKED_KINDS = frozenset({"guild.roster"})
 """Kinds whose ``seq`` numbers the chunks of one roster, not the shard's frame sequence."""
-
-REASON_HEADER = "Shardbus-Reason"
-"""Header of a dead letter saying why the line could not be a frame."""
-
-REASON_CHARS = 300
-"""Longest Shardbus-Reason header."""
 
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 """Runs a coroutine in the background, as a task the gateway cancels when it stops."""

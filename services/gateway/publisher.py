@@ -33,6 +33,9 @@ REFUSALS_BEFORE_DEAD_LETTER = 5
 before it is dead-lettered with the reason: one bad message must not wedge the shard's
 publisher, and every later frame behind it."""
 
+REASON_HEADER = "Shardbus-Reason"
+"""Header of a dead letter saying why it could not be a frame (or could not be stored)."""
+
 REASON_CHARS = 300
 """Longest reason header: headers count against NATS's max payload."""
 
@@ -224,7 +227,7 @@ class ShardPublisher:
         if self.dead_letter_subject is None or item.subject == self.dead_letter_subject:
             return  # a refused dead letter: the log line above is all that can be kept
         room = max(0, self.nc.max_payload - 4096)
-        headers = {"Nats-Msg-Id": f"{item.msg_id}.refused", "Shardbus-Reason": reason,
+        headers = {"Nats-Msg-Id": f"{item.msg_id}.refused", REASON_HEADER: reason,
                    "Shardbus-Subject": item.subject[:REASON_CHARS]}
         if len(item.data) > room:
             headers["Shardbus-Truncated"] = str(len(item.data))

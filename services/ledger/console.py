@@ -7,7 +7,7 @@ Replies that list rows are pages: at most ``limit`` rows and at most :data:`PAGE
 in id order, so that no reply outgrows a NATS message whatever the rows hold. A page that left
 rows out says where to go on: ``next`` is the last id it holds, to be sent back as ``after``
 (``next`` is null on the last page). A page always holds at least one row when one is left, and
-one row always fits (``resources.REVERT_INLINE_MAX``)."""
+one row always fits (``queries.REVERT_INLINE_MAX``)."""
 
 from __future__ import annotations
 

@@ -14,8 +14,7 @@ from typing import Any
 
 from services.ledger import queries, statuses
 from services.ledger.store import Change, Database, resource_changes, rows, run_changes
-from services.ledger.tables import KIND_MAX, REF_MAX
-from shared.contracts.ledger import is_module_name, is_storable
+from shared.contracts.ledger import KIND_MAX, REF_MAX, is_module_name, is_storable
 
 
 def target_of(module: str, body: Any) -> tuple[str, str] | None:

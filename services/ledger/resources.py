@@ -10,7 +10,6 @@ from typing import Any
 import asyncpg
 
 from services.ledger import queries, statuses
-from services.ledger.queries import REVERT_INLINE_MAX
 from services.ledger.statuses import Transition
 from services.ledger.store import (
     Change,
@@ -25,9 +24,9 @@ from services.ledger.store import (
     rows,
     run_or_not_found,
 )
-from services.ledger.tables import ERROR_MAX
+from shared.contracts.ledger import ERROR_MAX
 
-__all__ = ["LIVE_TARGET_INDEX", "REVERT_INLINE_MAX", "add_resource", "cut", "reconcile", "replay_or_conflict",
+__all__ = ["LIVE_TARGET_INDEX", "add_resource", "cut", "reconcile", "replay_or_conflict",
            "resource_of", "transition"]
 
 LIVE_TARGET_INDEX = "uq_resources_live_target"

@@ -35,6 +35,7 @@ from services.ledger.store import (
     run_changes,
     run_or_not_found,
 )
+from shared.contracts import ledger as c
 
 CLAIM_ROW_SLACK = 64
 """Bytes a claimed row may grow by when it turns ``reverting`` (its status and ``updatedAt``
@@ -131,8 +132,8 @@ async def _one_outcome(db: Database, resource_id: int, outcome: Outcome,
     return resource_of(changes), changes
 
 
-def _outcome_params(given: list[tuple[int, Outcome, str | None]], away_backoff_s: float = 2.0,
-                    away_backoff_max_s: float = 60.0) -> dict[str, Any]:
+def _outcome_params(given: list[tuple[int, Outcome, str | None]], away_backoff_s: float = c.AWAY_BACKOFF_S,
+                    away_backoff_max_s: float = c.AWAY_BACKOFF_MAX_S) -> dict[str, Any]:
     """The parameters of ``queries.OUTCOMES``: each row's rule from the state machine, as arrays
     to ``unnest`` (one element per row)."""
     return {"ids": [row_id for row_id, _, _ in given],
@@ -148,8 +149,8 @@ def _outcome_params(given: list[tuple[int, Outcome, str | None]], away_backoff_s
             "exponent_max": AWAY_EXPONENT_MAX}
 
 
-async def outcomes(db: Database, given: list[tuple[int, Verdict, str | None]], away_backoff_s: float = 2.0,
-                   away_backoff_max_s: float = 60.0) -> tuple[dict[str, Any], list[Change]]:
+async def outcomes(db: Database, given: list[tuple[int, Verdict, str | None]], away_backoff_s: float = c.AWAY_BACKOFF_S,
+                   away_backoff_max_s: float = c.AWAY_BACKOFF_MAX_S) -> tuple[dict[str, Any], list[Change]]:
     """Record a batch of give-back outcomes ``(resource id, verdict, error)`` in one statement.
 
     Each verdict's step is ``statuses.OUTCOMES``: ``reverted`` and ``drifted`` lead to their

@@ -42,21 +42,12 @@ from services.ledger.statuses import (
 )
 from shared.contracts.ids import LEDGER_ID_PATTERN
 
+# The columns' lengths are the contract's limits (what a request may carry), written once.
+from shared.contracts.ledger import ERROR_MAX, IDEMPOTENCY_KEY_MAX, KIND_MAX, REF_MAX
+
 ID_PATTERN = f"^{LEDGER_ID_PATTERN}$"
 """What a run id and a module name may look like: each becomes a NATS subject token (one
 definition, in shared/contracts/ids.py, for every service and the web door)."""
-
-KIND_MAX = 64
-"""Longest resource kind."""
-
-REF_MAX = 190
-"""Longest resource ref (fits a btree index entry with room to spare)."""
-
-ERROR_MAX = 1000
-"""Longest stored error sentence (longer ones are cut)."""
-
-IDEMPOTENCY_KEY_MAX = 200
-"""Longest idempotency key."""
 
 
 def _now() -> Column[datetime]:

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from shared.contracts.ids import LEDGER_ID_PATTERN, is_shard_id
+from shared.contracts.ids import LEDGER_ID_PATTERN, is_ledger_id, is_shard_id
 from shared.settings import CommonSettings
-
-MODULE_ID_PATTERN = LEDGER_ID_PATTERN
-"""What a module id named in ``SHARDBUS_WEB_MODULE_TOKENS`` may look like: the ledger's owner
-id, the last token of ``ledger.expired.<module>``."""
 
 
 class WebSettings(CommonSettings):
@@ -96,13 +92,12 @@ class WebSettings(CommonSettings):
 
     @model_validator(mode="after")
     def _tokens(self) -> WebSettings:
-        import re
-
         if not self.web_token.get_secret_value():
             raise ValueError("SHARDBUS_WEB_TOKEN is required: the website's bearer token")
         for module in self.web_module_tokens:
-            if re.fullmatch(MODULE_ID_PATTERN, module) is None:
-                raise ValueError(f"web_module_tokens: module id {module!r} must match {MODULE_ID_PATTERN}")
+            # The ledger's owner id, the last token of ``ledger.expired.<module>``.
+            if not is_ledger_id(module):
+                raise ValueError(f"web_module_tokens: module id {module!r} must match {LEDGER_ID_PATTERN}")
         secrets = [self.web_token, self.web_operator_token, *self.web_module_tokens.values()]
         values = [s.get_secret_value() for s in secrets if s.get_secret_value()]
         if len(values) != len(set(values)):

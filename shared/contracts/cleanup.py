@@ -54,16 +54,21 @@ class WireModel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
 
 
+class CleanupReply(Reply):
+    """Base of every reply: the envelope, camelCase, fields a newer service adds are kept."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
+
+
 class Failure(WireModel):
     resource_id: Any
     verdict: Verdict
     reason: str | None
 
 
-class RunReport(WireModel):
-    """What one sweep did for one run (also the ``cleanup.swept`` summary in the run's log)."""
+class Tally(WireModel):
+    """What a sweep did with the rows it claimed, verdict by verdict (one run's or a whole sweep's)."""
 
-    run_id: str
     claimed: int
     reverted: int
     drifted: int
@@ -72,6 +77,12 @@ class RunReport(WireModel):
     away: int
     lost_races: int
     deferred: int
+
+
+class RunReport(Tally):
+    """What one sweep did for one run (also the ``cleanup.swept`` summary in the run's log)."""
+
+    run_id: str
     failures: list[Failure]
     cleanup_status: CleanupStatus | None
     error: str | None = None
@@ -82,37 +93,25 @@ class RunError(WireModel):
     error: str | None
 
 
-class SweepTotals(WireModel):
+class SweepTotals(Tally):
     """What one whole sweep did: the reply of ``cleanup.sweep`` without ``runId`` and the
     payload of ``cleanup.events.swept`` (which adds ``why`` and ``pid``)."""
 
     settled: int
     runs: int
-    claimed: int
-    reverted: int
-    drifted: int
-    failed: int
-    transient: int
-    away: int
-    lost_races: int
-    deferred: int
     run_errors: list[RunError]
     started_at: float
     duration_s: float
     error: str | None = None
 
 
-class SweepReply(SweepTotals, Reply):
+class SweepReply(SweepTotals, CleanupReply):
     """``cleanup.sweep`` without ``runId``: the totals. (With ``runId`` the reply is
     :class:`RunReply`.)"""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
 
-
-class RunReply(Reply):
+class RunReply(CleanupReply):
     """``cleanup.sweep`` with ``runId``, and ``cleanup.retry``: that run's report."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
 
     run: RunReport
 
@@ -132,10 +131,8 @@ class Unanswered(WireModel):
     reason: str
 
 
-class ReconcileReply(Reply):
+class ReconcileReply(CleanupReply):
     """``cleanup.reconcile``: totals, each module's share and every run left unanswered."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
 
     modules: int
     runs: int

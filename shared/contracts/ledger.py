@@ -24,7 +24,7 @@ from pydantic.alias_generators import to_camel
 
 from shared import subjects
 from shared.contracts import Contract
-from shared.contracts.ids import ModuleName, RunId, ShardId, is_ledger_id
+from shared.contracts.ids import LEDGER_ID_PATTERN, ModuleName, RunId, ShardId, is_ledger_id
 from shared.contracts.ledger_statuses import (
     VERDICT_AWAY,
     VERDICT_FAILED,
@@ -202,7 +202,7 @@ class LedgerRequest(BaseModel):
 Millis = Annotated[int, Field(ge=0, le=LEASE_DEADLINE_MAX)]
 """A moment in epoch milliseconds (up to 9999-12-31)."""
 
-RUNS_CURSOR = re.compile(r"(\d{1,19}):([A-Za-z0-9_-]{1,64})")
+RUNS_CURSOR = re.compile(rf"(\d{{1,19}}):({LEDGER_ID_PATTERN})")
 """A ``ledger.runs`` page's ``next``: the last run's sort key (a number) and its id."""
 
 
@@ -517,7 +517,7 @@ class LiveReply(LedgerReply):
 
 
 class LiveModulesReply(LedgerReply):
-    modules: list[str]
+    modules: list[ModuleName]  # each becomes a subject token of ledger.expired/reconcile.<module>
 
 
 class SettleReply(LedgerReply):
@@ -589,13 +589,4 @@ CONTRACTS: tuple[Contract, ...] = (
     _ledger(subjects.LEDGER_SWEEP_WAITING, Waiting, WaitingReply),
 )
 """Every request/reply subject the ledger answers (``ledger.events.run.<runId>`` is an event
-stream, in :class:`UpdateEvent`)."""
-
-
-class UpdateEvent(WireRow):
-    """One update event on ``ledger.events.run.<runId>`` (stream ``LEDGER_EVENTS``)."""
-
-    event_id: int
-    type: str
-    run: Run
-    resource: Resource | None = None
+stream: docs/ledger.md, "Update events")."""

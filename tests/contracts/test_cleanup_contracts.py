@@ -113,3 +113,12 @@ def test_the_registry_lists_every_owners_contracts_once():
     assert (*ledger.CONTRACTS, *cc.CONTRACTS, *installer.CONTRACTS, *gateway.CONTRACTS) == registry.CONTRACTS
     assert len(registry.BY_SUBJECT) == len(registry.CONTRACTS)
     assert {contract.owner for contract in registry.CONTRACTS} == {"ledger", "cleanup", "installer", "gateway"}
+    # And no owner's module is left out of it: every module of shared/contracts with contracts.
+    import importlib
+    import pkgutil
+
+    import shared.contracts as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        owned = getattr(importlib.import_module(f"shared.contracts.{info.name}"), "CONTRACTS", ())
+        assert all(contract in registry.CONTRACTS for contract in owned), info.name

@@ -248,6 +248,8 @@ def test_a_reply_missing_a_field_or_of_another_type_fails_its_contract():
         c.RunReply.model_validate({"status": 200, "run": {k: v for k, v in run.items() if k != "cleanupStatus"}})
     with pytest.raises(ValidationError, match="status"):
         c.RunReply.model_validate({"status": 200, "run": {**run, "status": "finished"}})
+    with pytest.raises(ValidationError, match="modules"):  # a module name becomes a subject token
+        c.LiveModulesReply.model_validate({"status": 200, "modules": ["world", "a.b>"]})
     extra = c.RunReply.model_validate({"status": 200, "run": {**run, "mood": "good"}})
     assert unnamed_fields(extra) == ["reply.run.mood"]
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from services.ledger.requests import REVERT_MAX_BYTES, rendered_size
 from shared import subjects
+from shared.contracts.ledger import REVERT_MAX_BYTES, rendered_size
 
 RUN = "known-run"
 KEY = {"runId": RUN, "module": "world", "kind": "creature", "ref": "c1", "idempotencyKey": "k1"}

@@ -15,8 +15,8 @@ import json
 from typing import Any
 
 from services.ledger.console import PAGE_BYTES, REVERT_INLINE_MAX, page_bytes
-from services.ledger.requests import REVERT_MAX_BYTES
 from shared import subjects
+from shared.contracts.ledger import REVERT_MAX_BYTES
 
 NATS_MAX_PAYLOAD = 1024 * 1024
 """nats-server's default max_payload: every reply must stay below it."""

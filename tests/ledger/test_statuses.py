@@ -63,7 +63,9 @@ def test_a_sweeps_finish_decides_as_documented():
     rule = sm.FINISH
     assert (rule.allowed, rule.clean, rule.stuck, rule.unfinished, rule.log_kind) == (
         ("pending",), "complete", "incomplete", "pending", "cleanup.swept")
-    for pair in re.findall(r"`(\w+) → (\w+)`", LEDGER_DOC.split("; cleanup: ", 1)[1].split("\n\n", 1)[0]):
+    pairs = re.findall(r"`(\w+) → (\w+)`", LEDGER_DOC.split("; cleanup: ", 1)[1].split("\n\n", 1)[0])
+    assert pairs, "docs/ledger.md lists no cleanup move"
+    for pair in pairs:
         assert pair in {(before, step.to) for step, *_ in CLEANUP_STEPS for before in step.allowed} | {
             (before, to) for before in rule.allowed for to in (rule.clean, rule.stuck)}
 

@@ -10,7 +10,7 @@ from services.gateway.board_store import NEWS_ID
 from services.gateway.boards import RULES_BY_KIND, item_id
 from services.gateway.wire import is_safe_kind
 from services.installer.manifest import is_module_id
-from services.ledger.requests import is_module_name
+from shared.contracts.ledger import is_module_name
 from shared.subjects import is_shard_id
 
 
