@@ -8,7 +8,8 @@ nats-server, with a real ``shardbus run ledger`` process:
    (``transitions_by_clients``; ``transitions_per_s`` is the figure at 32), with the CPU
    microseconds per transition of every process in the path (ledger, nats-server, PostgreSQL
    with its backends, the bench's own client), read from /proc through psutil;
-2. the raw baseline in the same run at the same levels: asyncpg, one connection per client (at
+2. the raw baseline in the same run at the same levels, in slices taken in turn with the
+   ledger's (``ROUNDS``: this machine's speed wanders within a minute): asyncpg, one connection per client (at
    most 64), the same INSERT (reserve) and guarded ``UPDATE … WHERE status IN ('pending')``
    (confirm), without log or events (``raw_updates_per_s``), with its CPU per transition; the
    ratio at 32 clients is the figure (``transition_ratio``, target >= 1.0, issue 15);
@@ -281,6 +282,31 @@ def _cpu_s(proc: psutil.Process, with_children: bool) -> float:
     return total
 
 
+ROUNDS = 3
+"""Slices of each transition phase, ledger and raw in turn."""
+
+
+class Tally:
+    """Transitions, seconds and CPU seconds per process summed over a phase's slices."""
+
+    def __init__(self) -> None:
+        self.ops, self.seconds, self.errors = 0, 0.0, 0
+        self.used: dict[str, float] = {}
+
+    def add(self, cpu: CpuMeter, ops: int, seconds: float, errors: int) -> None:
+        self.ops, self.seconds, self.errors = self.ops + ops, self.seconds + seconds, self.errors + errors
+        for name, used in cpu.used.items():
+            self.used[name] = self.used.get(name, 0.0) + used
+
+    def rate(self) -> float:
+        return self.ops / self.seconds if self.seconds else 0.0
+
+    def per_op_us(self) -> dict[str, float]:
+        per = {name: round(used * 1e6 / max(self.ops, 1), 1) for name, used in self.used.items()}
+        per["total"] = round(sum(per.values()), 1)
+        return per
+
+
 class CpuMeter:
     """CPU seconds of each process in a path, read before and after a phase."""
 
@@ -323,7 +349,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="resources in the database for the console read")
     parser.add_argument("--seconds", type=float, default=8.0, help="duration of each transition phase")
+    parser.add_argument("--clients", default=",".join(map(str, CLIENT_LEVELS)),
+                        help="client levels of the transition phases, comma-separated (must hold 32 for a full run)")
+    parser.add_argument("--only", choices=("all", "transitions"), default="all",
+                        help="transitions: the ledger and raw transition phases only, printed, no JSON written")
     args = parser.parse_args()
+    levels = [int(n) for n in args.clients.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="bench-ledger-", dir="/tmp"))
     nats_server = embedded.start_nats(tmp / "nats")
     pg = embedded.start_postgres(tmp / "pg", durable=True)
@@ -335,26 +366,38 @@ def main() -> int:
                        check=True, capture_output=True)
         ledger = start_ledger(tmp, nats_server.url, db_url)
         sweep: dict[int, dict] = {}
-        for clients in CLIENT_LEVELS:
-            with CpuMeter(ledger=(ledger.pid, True), nats_server=(nats_server.proc.pid, False),
-                          postgres=(pg.proc.pid, True), bench_client=(os.getpid(), False)) as cpu:
-                rate, errors, done = asyncio.run(ledger_transitions(nats_server.url, args.seconds, clients))
-            sweep[clients] = {"transitions_per_s": round(rate, 1), "errors": errors,
-                              "cpu_us_per_transition": cpu.per_op_us(done)}
-            print(f"ledger, {clients:3d} clients: {rate:8.0f} transitions/s  cpu µs/transition "
-                  f"{sweep[clients]['cpu_us_per_transition']}")
-        transitions, errors = sweep[CLIENTS]["transitions_per_s"], sum(level["errors"] for level in sweep.values())
-        lag_s = asyncio.run(drain_time(db_url))  # events still to publish when the load stopped
+        lag_s = 0.0
+        ledger_procs = {"ledger": (ledger.pid, True), "nats_server": (nats_server.proc.pid, False),
+                        "postgres": (pg.proc.pid, True), "bench_client": (os.getpid(), False)}
+        raw_procs = {"postgres": (pg.proc.pid, True), "bench_client": (os.getpid(), False)}
+        for clients in levels:
+            # Slices of the ledger and of raw taken in turn, so that both meet the machine as it is
+            # (its speed wanders by half within a minute here): the ratio is of their sums.
+            mine, raw_tally = Tally(), Tally()
+            for _ in range(ROUNDS):
+                with CpuMeter(**ledger_procs) as cpu:
+                    rate, errors, done = asyncio.run(
+                        ledger_transitions(nats_server.url, args.seconds / ROUNDS, clients))
+                mine.add(cpu, done, done / rate if rate else 0.0, errors)
+                lag_s = max(lag_s, asyncio.run(drain_time(db_url)))  # events still to publish after the slice
+                with CpuMeter(**raw_procs) as cpu:
+                    rate, done = asyncio.run(raw_transitions(db_url, args.seconds / ROUNDS, clients))
+                raw_tally.add(cpu, done, done / rate if rate else 0.0, 0)
+            sweep[clients] = {"transitions_per_s": round(mine.rate(), 1), "errors": mine.errors,
+                              "cpu_us_per_transition": mine.per_op_us(),
+                              "raw_updates_per_s": round(raw_tally.rate(), 1),
+                              "raw_cpu_us_per_transition": raw_tally.per_op_us(),
+                              "ratio": round(mine.rate() / raw_tally.rate(), 3)}
+            level = sweep[clients]
+            print(f"{clients:3d} clients: ledger {level['transitions_per_s']:8.0f}/s "
+                  f"cpu µs {level['cpu_us_per_transition']}\n             raw    {level['raw_updates_per_s']:8.0f}/s "
+                  f"cpu µs {level['raw_cpu_us_per_transition']}  ratio {level['ratio']}")
+        errors = sum(level["errors"] for level in sweep.values())
         embedded.stop_process(ledger)
         ledger = None
-        for clients in CLIENT_LEVELS:
-            with CpuMeter(postgres=(pg.proc.pid, True), bench_client=(os.getpid(), False)) as cpu:
-                rate, done = asyncio.run(raw_transitions(db_url, args.seconds, clients))
-            sweep[clients].update(raw_updates_per_s=round(rate, 1), raw_cpu_us_per_transition=cpu.per_op_us(done),
-                                  ratio=round(sweep[clients]["transitions_per_s"] / rate, 3))
-            print(f"raw,    {clients:3d} clients: {rate:8.0f} transitions/s  cpu µs/transition "
-                  f"{sweep[clients]['raw_cpu_us_per_transition']}  ratio {sweep[clients]['ratio']}")
-        raw = sweep[CLIENTS]["raw_updates_per_s"]
+        if args.only == "transitions":
+            return 0
+        transitions, raw = sweep[CLIENTS]["transitions_per_s"], sweep[CLIENTS]["raw_updates_per_s"]
         without_outbox = asyncio.run(logged_transitions(db_url, args.seconds, outbox=False))
         with_outbox = asyncio.run(logged_transitions(db_url, args.seconds, outbox=True))
         backlog = asyncio.run(outbox_rows(db_url))

@@ -58,6 +58,23 @@ def _validation_reply(exc: Exception) -> dict[str, Any]:
     return replies.fail(replies.BAD_REQUEST, replies.describe_validation_error(exc))
 
 
+def error_handlers(error_replies: dict[type[Exception], ErrorHandler] | None = None) -> dict[type[Exception],
+                                                                                          ErrorHandler]:
+    """Every service's answers to failures (a validation error: 400 naming the fields; anything
+    unexpected: 500), with ``error_replies`` (a service's own, e.g. a database outage) added."""
+    return {ValidationError: _validation_reply, Exception: _internal_reply, **(error_replies or {})}
+
+
+def error_reply(handlers: dict[type[Exception], ErrorHandler], exc: Exception) -> dict[str, Any]:
+    """The reply to ``exc`` from ``handlers`` (:func:`error_handlers`): the most specific type
+    wins, as FastStream's exception middleware picks, for a service's own nats-py subscriptions."""
+    for cls in type(exc).__mro__:
+        handler = handlers.get(cls)
+        if handler is not None:
+            return handler(exc)
+    return _internal_reply(exc)  # pragma: no cover - Exception is always in handlers
+
+
 REFUSAL_LOG_EVERY_S = 10.0
 """At most one log line per subscription this often about messages refused as not direct."""
 
@@ -119,11 +136,7 @@ def make_broker(settings: CommonSettings, service: str,
 
     ``error_replies`` maps further exception types (e.g. a database outage) to the reply
     the caller gets; the most specific type wins."""
-    handlers: dict[type[Exception], ErrorHandler] = {
-        ValidationError: _validation_reply,
-        Exception: _internal_reply,
-        **(error_replies or {}),
-    }
+    handlers = error_handlers(error_replies)
     middleware = ExceptionMiddleware(
         publish_handlers={exc: (lambda e, _h=h: _h(e)) for exc, h in handlers.items()}
     )

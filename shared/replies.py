@@ -50,11 +50,12 @@ def fail(status: int, error: str, **extra: Any) -> dict[str, Any]:
     return {"status": status, "error": error, **extra}
 
 
-def describe_validation_error(exc: ValidationError) -> str:
+def describe_validation_error(exc: ValidationError, within: tuple[str, ...] = ()) -> str:
     """One sentence naming every field that failed and why, e.g.
-    ``invalid request: kind: String should have at most 64 characters``."""
+    ``invalid request: kind: String should have at most 64 characters``; each field's place
+    begins with ``within`` (``("body",)``: as FastStream names the fields of a handler's body)."""
     parts = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in err.get("loc", ()) if p != "__root__") or "body"
+        where = ".".join(str(p) for p in (*within, *err.get("loc", ())) if p != "__root__") or "body"
         parts.append(f"{where}: {err.get('msg', 'invalid')}")
     return "invalid request: " + "; ".join(parts)

@@ -33,7 +33,11 @@ def _read_int(text: str) -> int | OversizedNumber:
 
 async def decode_body(msg: Any) -> Any:
     """A request body as its JSON value, or its bytes when it is no JSON Python can read."""
-    body = msg.body
+    return read_body(msg.body)
+
+
+def read_body(body: bytes) -> Any:
+    """:func:`decode_body` of a body's bytes (a service's own nats-py subscriptions read with it)."""
     try:
         return json.loads(body, parse_int=_read_int)
     except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors

@@ -13,22 +13,29 @@ from http import HTTPStatus
 from typing import Any
 
 import asyncpg
+import uvloop
 from faststream import FastStream, Path
 from faststream.nats import NatsBroker
 from pydantic import BaseModel
 
 from services.ledger import console, expiry, migrate, resources, runs, statuses, sweep
+from services.ledger.dispatcher import Dispatcher, HotSubject
 from services.ledger.event_stream import declare_events_stream
+from services.ledger.hot_subjects import HOT, Batching, HotActions
 from services.ledger.outbox_relay import OutboxRelay, stop_task
 from services.ledger.settings import LedgerSettings
 from services.ledger.store import Change, Database, DatabaseUnavailable, LedgerError, is_outage
 from shared import replies, subjects
-from shared.broker import add_health, make_app, make_broker
+from shared.broker import add_health, error_handlers, make_app, make_broker
 from shared.contracts import ledger as c
 from shared.database import safe_url
 from shared.request_body import decode_body
 
 log = logging.getLogger("shardbus.ledger")
+
+LOOP_FACTORY = uvloop.new_event_loop
+"""``shardbus run ledger`` runs on uvloop (measured with the coalesced hot path: bench/ledger.py,
+docs/performance.md)."""
 
 UNAVAILABLE = "the ledger's database is unreachable; retry shortly"
 """The 503 sentence (no URL: it could carry a password)."""
@@ -74,6 +81,20 @@ def create_app(settings: LedgerSettings | None = None) -> FastStream:
     db = Database(settings.database_url, settings.db_pool_size)
     relays: list[OutboxRelay] = []
     watchers: list[asyncio.Task[None]] = []
+    # The hot subjects are served on nats-py (dispatcher.py) but documented with the rest: on a
+    # broker that is only in the AsyncAPI document, never connected or started.
+    document = NatsBroker(settings.nats_servers())
+    hot_actions = HotActions(db, Batching(settings.ledger_batch_max, settings.ledger_batches_in_flight))
+
+    def committed(changes: list[Change]) -> None:
+        if changes:
+            for relay in relays:
+                relay.wake()
+
+    hot = register_handlers(broker, db, settings.ledger_concurrency, committed, document, hot_actions)
+    dispatcher = Dispatcher(hot, subjects.LEDGER_QUEUE, error_handlers(ERROR_REPLIES),
+                            pending_max=settings.ledger_pending_max)
+    app.schema.add_broker(document)
 
     @app.on_startup
     async def bring_schema_forward() -> None:
@@ -82,6 +103,9 @@ def create_app(settings: LedgerSettings | None = None) -> FastStream:
             log.info("schema ready", extra={"revision": revision,
                                             "database": safe_url(settings.database_url)})
         await db.open()
+        # Subscribed before FastStream's subscribers (and the health subject) start, so a ledger
+        # that answers its health already serves every subject.
+        await dispatcher.start(await broker.connect())
 
     @app.after_startup
     async def relay_events() -> None:
@@ -101,6 +125,10 @@ def create_app(settings: LedgerSettings | None = None) -> FastStream:
                                             name="ledger-lease-watch"))
 
     @app.on_shutdown
+    async def stop_serving() -> None:
+        await dispatcher.stop()
+
+    @app.on_shutdown
     async def stop_relay() -> None:
         for task in watchers:
             await stop_task(task)
@@ -111,13 +139,11 @@ def create_app(settings: LedgerSettings | None = None) -> FastStream:
     async def close_database() -> None:
         await db.close()
 
-    def committed(changes: list[Change]) -> None:
-        if changes:
-            for relay in relays:
-                relay.wake()
+    def details() -> dict[str, Any]:
+        return {"hot": {subject: stats.as_dict() for subject, stats in dispatcher.stats.items()},
+                "coalescers": hot_actions.stats()}
 
-    register_handlers(broker, db, settings.ledger_concurrency, committed)
-    add_health(app, broker, "ledger", settings)
+    add_health(app, broker, "ledger", settings, details)
     return app
 
 
@@ -145,11 +171,15 @@ the changes it committed (their events are in the outbox)."""
 
 
 def register_handlers(broker: NatsBroker, db: Database, concurrency: int,
-                      committed: Callable[[list[Change]], None]) -> None:
+                      committed: Callable[[list[Change]], None], document: NatsBroker,
+                      hot_actions: HotActions) -> list[HotSubject]:
     """Subscribe every subject of the ledger's contract (``shared.contracts.ledger.CONTRACTS``)
     in the ``ledger`` queue group, each with the contract's request model and handling up to
     ``concurrency`` requests at once (one at a time would make every commit wait for the one
-    before it). ``committed`` hears of each request's changes, to wake the outbox relay."""
+    before it). ``committed`` hears of each request's changes, to wake the outbox relay.
+
+    The hot subjects (``hot_subjects.HOT``) are not subscribed here: their handlers, the same
+    ones, are returned for the dispatcher, and declared on ``document`` for the AsyncAPI document."""
 
     def page_bytes() -> int:
         # Pages (console, live rows, claims, runs) fit the connected server's max_payload.
@@ -163,25 +193,20 @@ def register_handlers(broker: NatsBroker, db: Database, concurrency: int,
         run, changes = await runs.set_run_status(db, body.run_id, body.status)
         return {"run": run}, changes
 
-    async def add(body: c.AddResource, confirmed: bool) -> Answer:
-        resource, changes = await resources.add_resource(
-            db, run_id=body.run_id, module=body.module, kind=body.kind, ref=body.ref,
-            idempotency_key=body.idempotency_key, revert=body.revert, lease_deadline=body.lease_deadline,
-            confirmed=confirmed)
+    async def reserve(body: c.AddResource) -> Answer:
+        resource, changes = await hot_actions.reserve(body)
         return {"resource": resource}, changes
 
-    async def reserve(body: c.AddResource) -> Answer:
-        return await add(body, confirmed=False)
-
     async def record(body: c.AddResource) -> Answer:
-        return await add(body, confirmed=True)
+        resource, changes = await hot_actions.record(body)
+        return {"resource": resource}, changes
 
     async def confirm(body: c.ResourceRef) -> Answer:
-        resource, changes = await resources.transition(db, body.resource_id, statuses.CONFIRM)
+        resource, changes = await hot_actions.confirm(body)
         return {"resource": resource}, changes
 
     async def fail(body: c.FailResource) -> Answer:
-        resource, changes = await resources.transition(db, body.resource_id, statuses.FAIL, body.error)
+        resource, changes = await hot_actions.fail(body)
         return {"resource": resource}, changes
 
     async def run_console(body: c.Console) -> Answer:
@@ -218,15 +243,16 @@ def register_handlers(broker: NatsBroker, db: Database, concurrency: int,
                                      more=more), separators=(",", ":"), ensure_ascii=False).encode(), changes
 
     async def reverted(body: c.ResourceRef) -> Answer:
-        resource, changes = await sweep.reverted(db, body.resource_id)
+        resource, changes = await hot_actions.outcome(body.resource_id, statuses.SWEEP_REVERTED, None)
         return {"resource": resource}, changes
 
     async def drifted(body: c.Drifted) -> Answer:
-        resource, changes = await sweep.drifted(db, body.resource_id, body.error)
+        resource, changes = await hot_actions.outcome(body.resource_id, statuses.SWEEP_DRIFTED, body.error)
         return {"resource": resource}, changes
 
     async def failed(body: c.SweepFailed) -> Answer:
-        resource, changes = await sweep.failed(db, body.resource_id, body.error, body.transient)
+        resource, changes = await hot_actions.outcome(body.resource_id, statuses.SWEEP_FAILED[body.transient],
+                                                      body.error)
         return {"resource": resource}, changes
 
     async def record_outcomes(body: c.SweepOutcomes) -> Answer:
@@ -267,10 +293,16 @@ def register_handlers(broker: NatsBroker, db: Database, concurrency: int,
         broker.subscriber(subject, queue=subjects.LEDGER_QUEUE, max_workers=concurrency,
                           decoder=decode_body)(handler)
 
+    hot: list[HotSubject] = []
     for contract in c.CONTRACTS:
         if "{" in contract.subject:
             continue  # the module-token subjects below take the module from the subject
-        subscribe(contract.subject, answering(actions.pop(contract.subject), contract.request, committed))
+        handler = answering(actions.pop(contract.subject), contract.request, committed)
+        if contract.subject in HOT:
+            hot.append(HotSubject(contract.subject, contract.request, handler))
+            document.subscriber(contract.subject, queue=subjects.LEDGER_QUEUE)(handler)
+        else:
+            subscribe(contract.subject, handler)
     if actions:  # pragma: no cover - an action no contract names would never be subscribed
         raise RuntimeError(f"ledger actions without a contract: {sorted(actions)}")
 
@@ -293,6 +325,7 @@ def register_handlers(broker: NatsBroker, db: Database, concurrency: int,
     reconcile.__annotations__ = {"body": c.Reconcile, "module": str, "return": dict[str, Any]}
     subscribe(subjects.LEDGER_EXPIRED_PATTERN, expired)
     subscribe(subjects.LEDGER_RECONCILE_PATTERN, reconcile)
+    return hot
 
 
 def answering(action: Callable[[Any], Awaitable[Answer]], request: type[BaseModel],

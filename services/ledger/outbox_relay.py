@@ -170,12 +170,19 @@ class OutboxRelay:
         mark = await self._last_seq()
         events = await conn.fetch(queries.RELAY_TAKE.sql, *queries.RELAY_TAKE.args({"mark": mark, "batch": BATCH}))
         events.sort(key=lambda e: e["id"])
-        for event in events:
-            await self._js.publish(
-                subjects.ledger_run_events(event["run_id"]),
-                payload(event["id"], event["type"], event["run"], event["resource"]),
-                stream=subjects.LEDGER_EVENTS_STREAM,
-                headers={"Nats-Msg-Id": message_id(ledger_id, event["id"])})
+        # Published back to back on one connection, which JetStream stores in the order sent, and
+        # the acknowledgements awaited together: one round trip a batch, not one an event (the
+        # relay's waits were most of the ledger's NATS traffic under load, bench/ledger.py). Any
+        # failure fails the batch, which is published again whole: the message ids drop repeats.
+        if not self._js._async_reply_prefix:  # set up once, before the first publish (nats-py does it unguarded)
+            await self._js._init_async_reply()
+        acks = [await self._js.publish_async(
+                    subjects.ledger_run_events(event["run_id"]),
+                    payload(event["id"], event["type"], event["run"], event["resource"]),
+                    stream=subjects.LEDGER_EVENTS_STREAM,
+                    headers={"Nats-Msg-Id": message_id(ledger_id, event["id"])})
+                for event in events]
+        await asyncio.wait_for(asyncio.gather(*acks), PUBLISH_TIMEOUT_S)
         published = [event["id"] for event in events]
         await conn.execute(queries.RELAY_DELETE.sql, *queries.RELAY_DELETE.args({"ids": published}))
         return len(events)

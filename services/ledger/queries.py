@@ -327,6 +327,54 @@ TRANSITION = Statement("TRANSITION", """
         FROM changed
     ), $events""", events=resource_events("changed")))
 
+ADD_RESOURCES = Statement("ADD_RESOURCES", """
+    ADD_RESOURCE for a batch (services/ledger/batches.py): one row of the unnest arrays per
+    resource, all of status :status, each inserted, logged and its run's cleanup reopened exactly
+    as ADD_RESOURCE does it alone. A row whose key was used, or whose run is missing (or over,
+    when :open_only), is not inserted and not returned; its request is answered alone. A live
+    row already holding a target fails the whole statement (uq_resources_live_target).""", compose("""
+    WITH given AS (
+        SELECT * FROM unnest(CAST(:run_ids AS text[]), CAST(:modules AS text[]), CAST(:kinds AS text[]),
+                             CAST(:refs AS text[]), CAST(:deadlines AS bigint[]), CAST(:reverts AS text[]),
+                             CAST(:keys AS text[])) WITH ORDINALITY
+            AS g(run_id, module, kind, ref, deadline, revert, key, n)
+    ), inserted AS (
+        INSERT INTO resources (run_id, module, kind, ref, status, lease_deadline, revert, idempotency_key)
+        SELECT g.run_id, g.module, g.kind, g.ref, CAST(:status AS text), g.deadline, CAST(g.revert AS jsonb), g.key
+        FROM given g JOIN runs r ON r.run_id = g.run_id
+        WHERE NOT (:open_only AND r.status = ANY(:terminal))
+        ORDER BY g.n
+        ON CONFLICT (idempotency_key) DO NOTHING
+        RETURNING *
+    ), logged AS (
+        INSERT INTO run_log (run_id, resource_id, kind, detail)
+        SELECT run_id, id, :log_kind,
+               jsonb_build_object('status', status, 'module', module, 'kind', kind, 'ref', ref)
+        FROM inserted
+    ), reopened AS (
+        UPDATE runs SET cleanup_status = :reopen_to, updated_at = now()
+        WHERE run_id IN (SELECT run_id FROM inserted) AND cleanup_status = ANY(:reopen_from)
+        RETURNING run_id
+    ), $events""", events=resource_events("inserted")))
+
+TRANSITIONS = Statement("TRANSITIONS", """
+    TRANSITION for a batch (services/ledger/batches.py): each row :ids (with its error of
+    :errors) moves to :to if its status is one of :allowed, with its log entry and event, as
+    TRANSITION does it alone. Rows elsewhere, and unknown ids, are not returned; their requests
+    are answered alone.""", compose("""
+    WITH given AS (
+        SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:errors AS text[])) AS g(id, error)
+    ), changed AS (
+        UPDATE resources s SET status = :to, updated_at = now(),
+               last_error = COALESCE(g.error, s.last_error), claimed_at = NULL
+        FROM given g WHERE s.id = g.id AND s.status = ANY(:allowed)
+        RETURNING s.*, g.error AS given_error
+    ), logged AS (
+        INSERT INTO run_log (run_id, resource_id, kind, detail)
+        SELECT run_id, id, :log_kind, jsonb_build_object('status', status, 'error', given_error)
+        FROM changed
+    ), $events""", events=resource_events("changed")))
+
 REPLAY_STATE = Statement("REPLAY_STATE", """
     Why a guarded transition changed nothing: the row's status, stored error, wire JSON and
     latest log kind (statuses.is_replay), or no row at all.""", compose("""

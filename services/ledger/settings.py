@@ -15,6 +15,18 @@ class LedgerSettings(CommonSettings):
     db_pool_size: int = Field(default=10, ge=1, description="Database connections per ledger process.")
     ledger_concurrency: int = Field(default=32, ge=1, le=1000,
                              description="Requests one ledger process handles at once, per subject.")
+    ledger_batch_max: int = Field(
+        default=64, ge=1, le=1000,
+        description="The most requests of one hot subject (reserve, record, confirm, fail, a give-back's "
+                    "outcome) that one statement carries; 1 turns coalescing off (docs/ledger.md).")
+    ledger_batches_in_flight: int = Field(
+        default=1, ge=1, le=64,
+        description="Statements of one hot subject a ledger process runs at once; requests arriving "
+                    "meanwhile wait and go together into the next.")
+    ledger_pending_max: int = Field(
+        default=4096, ge=1, le=1_000_000,
+        description="Requests of one hot subject a ledger process answers at once; one more is answered "
+                    "503 (busy) at once rather than queued.")
     events_duplicate_window_s: float = Field(
         default=120.0, gt=0, le=86400,
         description="How long the LEDGER_EVENTS stream remembers an event id to drop a repeat "

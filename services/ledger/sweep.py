@@ -104,35 +104,35 @@ async def claim(db: Database, run_id: str, max_attempts: int, limit: int, claim_
 
 async def reverted(db: Database, resource_id: int) -> tuple[Json, list[Change]]:
     """The give-back succeeded: ``reverting → reverted`` (``ledger.sweep.reverted``)."""
-    return await _one_outcome(db, resource_id, statuses.SWEEP_REVERTED, None)
+    return await one_outcome(db, resource_id, statuses.SWEEP_REVERTED, None)
 
 
 async def drifted(db: Database, resource_id: int, error: str | None) -> tuple[Json, list[Change]]:
     """Somebody changed it deliberately: ``reverting → drifted``, left alone from now on
     (``ledger.sweep.drifted``)."""
-    return await _one_outcome(db, resource_id, statuses.SWEEP_DRIFTED, error)
+    return await one_outcome(db, resource_id, statuses.SWEEP_DRIFTED, error)
 
 
 async def failed(db: Database, resource_id: int, error: str, transient: bool) -> tuple[Json, list[Change]]:
     """The give-back failed: back to the status before the claim with ``attempts + 1``; a
     refusal (not transient) also spends the row's attempts (``ledger.sweep.failed``)."""
-    return await _one_outcome(db, resource_id, statuses.SWEEP_FAILED[transient], error)
+    return await one_outcome(db, resource_id, statuses.SWEEP_FAILED[transient], error)
 
 
-async def _one_outcome(db: Database, resource_id: int, outcome: Outcome,
+async def one_outcome(db: Database, resource_id: int, outcome: Outcome,
                        error: str | None) -> tuple[Json, list[Change]]:
     """A one-row subject: the batch of outcomes with one row, answered as a transition is —
     the row and its change; else the same request again (a replay: the row, nothing changed),
     404 or 409 (statuses.is_replay)."""
     async with db.connect() as conn:
-        result = await rows(conn, queries.OUTCOMES, _outcome_params([(resource_id, outcome, cut(error))]))
+        result = await rows(conn, queries.OUTCOMES, outcome_params([(resource_id, outcome, cut(error))]))
         changes = resource_changes([row for row in result if row["run"] is not None])
         if not changes:
             return await replay_or_conflict(conn, resource_id, outcome.step, cut(error)), []
     return resource_of(changes), changes
 
 
-def _outcome_params(given: list[tuple[int, Outcome, str | None]], away_backoff_s: float = c.AWAY_BACKOFF_S,
+def outcome_params(given: list[tuple[int, Outcome, str | None]], away_backoff_s: float = c.AWAY_BACKOFF_S,
                     away_backoff_max_s: float = c.AWAY_BACKOFF_MAX_S) -> dict[str, Any]:
     """The parameters of ``queries.OUTCOMES``: each row's rule from the state machine, as arrays
     to ``unnest`` (one element per row)."""
@@ -164,7 +164,7 @@ async def outcomes(db: Database, given: list[tuple[int, Verdict, str | None]], a
     their status, unknown ids as missing; the rest of the batch still lands."""
     ids = [row_id for row_id, _, _ in given]
     async with db.connect() as conn:
-        result = await rows(conn, queries.OUTCOMES, _outcome_params(
+        result = await rows(conn, queries.OUTCOMES, outcome_params(
             [(row_id, statuses.OUTCOMES[verdict], cut(error)) for row_id, verdict, error in given],
             away_backoff_s, away_backoff_max_s))
     changes = resource_changes([row for row in result if row["run"] is not None])

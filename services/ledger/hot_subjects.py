@@ -1,0 +1,110 @@
+"""The ledger's hot subjects and their coalescers: reserve, record, confirm, fail and the one-row
+give-back outcomes (reverted, drifted, failed), each request waiting for the next statement of
+its kind (services/ledger/coalescer.py) that ``batches.py`` writes for many and ``resources.py``
+or ``sweep.py`` for one. ``ledger.sweep.outcomes`` is a batch already: it is served on the same
+nats-py path (``dispatcher.py``) but needs no coalescer. The rest of the ledger's subjects stay on
+FastStream (app.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from services.ledger import batches, resources, statuses, sweep
+from services.ledger.coalescer import Coalescer
+from services.ledger.statuses import Outcome
+from services.ledger.store import Change, Database, Json
+from shared import subjects
+from shared.contracts import ledger as c
+
+HOT: tuple[str, ...] = (
+    subjects.LEDGER_RESOURCE_RESERVE, subjects.LEDGER_RESOURCE_RECORD, subjects.LEDGER_RESOURCE_CONFIRM,
+    subjects.LEDGER_RESOURCE_FAIL, subjects.LEDGER_SWEEP_REVERTED, subjects.LEDGER_SWEEP_DRIFTED,
+    subjects.LEDGER_SWEEP_FAILED, subjects.LEDGER_SWEEP_OUTCOMES,
+)
+"""The subjects served by the dispatcher rather than FastStream."""
+
+Answer = tuple[Json, list[Change]]
+OneOutcome = tuple[int, Outcome, str | None]
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How the hot subjects coalesce: at most ``batch_max`` requests a statement (1: none), at
+    most ``in_flight_max`` statements of one kind at once."""
+
+    batch_max: int = 64
+    in_flight_max: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.batch_max <= c.OUTCOMES_MAX or self.in_flight_max < 1:
+            raise ValueError(f"batch_max must be 1..{c.OUTCOMES_MAX} and in_flight_max at least 1")
+
+
+def _outcome_key(given: OneOutcome) -> tuple[Hashable, ...]:
+    return (given[0],)
+
+
+class HotActions:
+    """The hot subjects' actions (``(row, changes)`` from a request), each through its coalescer."""
+
+    def __init__(self, db: Database, batching: Batching) -> None:
+        def coalescer(name: str, run_batch: Callable[[Any], Awaitable[Any]], run_one: Callable[[Any], Awaitable[Any]],
+                      key: Callable[[Any], tuple[Hashable, ...]]) -> Coalescer[Any, Answer]:
+            return Coalescer(name, run_batch, run_one, key, batching.batch_max, batching.in_flight_max)
+
+        def add(confirmed: bool) -> Coalescer[Any, Answer]:
+            async def one(body: c.AddResource) -> Answer:
+                return await resources.add_resource(
+                    db, run_id=body.run_id, module=body.module, kind=body.kind, ref=body.ref,
+                    idempotency_key=body.idempotency_key, revert=body.revert, lease_deadline=body.lease_deadline,
+                    confirmed=confirmed)
+
+            async def many(bodies: list[c.AddResource]) -> list[Any]:
+                return await batches.add_resources(db, bodies, confirmed)
+
+            return coalescer("record" if confirmed else "reserve", many, one, batches.add_keys)
+
+        def transition(step: statuses.Transition) -> Coalescer[Any, Answer]:
+            async def one(body: c.ResourceRef | c.FailResource) -> Answer:
+                return await resources.transition(db, body.resource_id, step, getattr(body, "error", None))
+
+            async def many(bodies: list[c.ResourceRef | c.FailResource]) -> list[Any]:
+                return await batches.transitions(db, [(b.resource_id, getattr(b, "error", None)) for b in bodies], step)
+
+            return coalescer(step.name, many, one, batches.resource_keys)
+
+        async def one_outcome(given: OneOutcome) -> Answer:
+            return await sweep.one_outcome(db, *given)
+
+        async def outcomes(given: list[OneOutcome]) -> list[Any]:
+            return await batches.outcomes(db, given)
+
+        self.coalescers: dict[str, Coalescer[Any, Answer]] = {
+            subjects.LEDGER_RESOURCE_RESERVE: add(confirmed=False),
+            subjects.LEDGER_RESOURCE_RECORD: add(confirmed=True),
+            subjects.LEDGER_RESOURCE_CONFIRM: transition(statuses.CONFIRM),
+            subjects.LEDGER_RESOURCE_FAIL: transition(statuses.FAIL),
+            # One coalescer for the three one-row outcome subjects: OUTCOMES carries each row's rule.
+            subjects.LEDGER_SWEEP_REVERTED: coalescer("outcome", outcomes, one_outcome, _outcome_key),
+        }
+
+    async def reserve(self, body: c.AddResource) -> Answer:
+        return await self.coalescers[subjects.LEDGER_RESOURCE_RESERVE].submit(body)
+
+    async def record(self, body: c.AddResource) -> Answer:
+        return await self.coalescers[subjects.LEDGER_RESOURCE_RECORD].submit(body)
+
+    async def confirm(self, body: c.ResourceRef) -> Answer:
+        return await self.coalescers[subjects.LEDGER_RESOURCE_CONFIRM].submit(body)
+
+    async def fail(self, body: c.FailResource) -> Answer:
+        return await self.coalescers[subjects.LEDGER_RESOURCE_FAIL].submit(body)
+
+    async def outcome(self, resource_id: int, outcome: Outcome, error: str | None) -> Answer:
+        return await self.coalescers[subjects.LEDGER_SWEEP_REVERTED].submit((resource_id, outcome, error))
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Each coalescer's counts, by its name."""
+        return {co.name: co.stats.as_dict() for co in self.coalescers.values()}
