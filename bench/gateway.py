@@ -15,8 +15,9 @@ gateway`` process, each figure beside a raw baseline measured in the same run:
    frames/s each on one fresh gateway process, then on two: frame p50/p99 shard → subscriber
    (targets p99 <= 10 ms) and the gateway's resident memory grown per shard (<= 100 KB).
 
-Run alone: ``python bench/gateway.py [--frames N] [--shards N] [--only shards]``; writes
-``bench/results/gateway.json``.
+Run alone: ``python bench/gateway.py [--frames N] [--shards N] [--only shards|ingest|commands]
+[--out FILE]``; writes ``bench/results/gateway.json`` (or ``--out``; a partial run is merged into
+what that file holds).
 ``--sync always`` runs the same phases on a nats-server that fsyncs every JetStream write
 before acknowledging it (the durable setting ``shardbus up`` ships) and writes
 ``bench/results/gateway-sync-always.json`` instead, so the two can be compared.
@@ -227,20 +228,23 @@ async def until_answered(nc: nats.NATS, subject: str) -> None:
                 await asyncio.sleep(0.1)
 
 
-async def commands(nats_url: str, port: int) -> tuple[float, float, float]:
+async def commands(nats_url: str, port: int, gateway_pid: int | None = None) -> tuple[float, float, float, float]:
+    """Round trips/s, p50 ms, p99 ms, and the gateway process's CPU µs per command (0 when
+    ``gateway_pid`` is not given): CPU time is steadier than latency on a busy machine."""
     nc = await nats.connect(nats_url)
     shard = f"cmd{uuid.uuid4().hex[:8]}"
     sim = start_shard_sim(port, shard)
     subject = subjects.command(shard, "item.catalog")
     try:
         await until_answered(nc, subject)
-        return await _command_rounds(nc, subject)
+        return await _command_rounds(nc, subject, gateway_pid)
     finally:
         embedded.stop_process(sim)
         await nc.close()
 
 
-async def _command_rounds(nc: nats.NATS, subject: str) -> tuple[float, float, float]:
+async def _command_rounds(nc: nats.NATS, subject: str,
+                          gateway_pid: int | None = None) -> tuple[float, float, float, float]:
 
     async def request() -> None:
         # Checked without parsing the whole reply: the raw baseline parses nothing either,
@@ -249,7 +253,10 @@ async def _command_rounds(nc: nats.NATS, subject: str) -> tuple[float, float, fl
         assert data.startswith(b'{"status":200,'), data[:200]
 
     await round_trips(request, 500)  # warm-up
-    return await round_trips(request, COMMANDS)
+    cpu_before = cpu_s([gateway_pid]) if gateway_pid else 0.0
+    rps, p50, p99 = await round_trips(request, COMMANDS)
+    cpu_us = (cpu_s([gateway_pid]) - cpu_before) * 1e6 / COMMANDS if gateway_pid else 0.0
+    return rps, p50, p99, cpu_us
 
 
 async def raw_requests(nats_url: str) -> tuple[float, float, float]:
@@ -366,33 +373,42 @@ async def shards_phase(workdir: Path, nats_url: str, shards: int, rate: float, s
     return result
 
 
-async def measure(nats_url: str, port: int, frames: int) -> dict[str, float]:
-    raw_rate = await raw_publish(nats_url, frames)
-    print(f"raw JetStream publish:  {raw_rate:10.0f} frames/s")
-    ingest_rate = await ingest(nats_url, port, frames)
-    print(f"gateway ingest:         {ingest_rate:10.0f} frames/s  ({ingest_rate / raw_rate:.2f} of raw)")
-    p50, p99 = await latency_at_1k(nats_url, port)
-    print(f"latency at 1,000 f/s:   p50 {p50:.2f} ms  p99 {p99:.2f} ms")
-    raw_rps, raw_p50, raw_p99 = await raw_requests(nats_url)
-    print(f"raw request/reply:      {raw_rps:10.0f} /s  p50 {raw_p50:.2f} ms  p99 {raw_p99:.2f} ms")
-    cmd_rps, cmd_p50, cmd_p99 = await commands(nats_url, port)
-    print(f"gateway commands:       {cmd_rps:10.0f} /s  p50 {cmd_p50:.2f} ms  p99 {cmd_p99:.2f} ms"
-          f"  ({cmd_p50 / raw_p50:.2f}x raw p50)")
-    return {
-        "frames": frames,
-        "ingest_frames_per_s": round(ingest_rate, 1),
-        "raw_publish_per_s": round(raw_rate, 1),
-        "ingest_ratio": round(ingest_rate / raw_rate, 3),
-        "latency_p50_ms_at_1k": round(p50, 3),
-        "latency_p99_ms_at_1k": round(p99, 3),
-        "command_round_trips_per_s": round(cmd_rps, 1),
-        "command_p50_ms": round(cmd_p50, 3),
-        "command_p99_ms": round(cmd_p99, 3),
-        "raw_request_per_s": round(raw_rps, 1),
-        "raw_request_p50_ms": round(raw_p50, 3),
-        "raw_request_p99_ms": round(raw_p99, 3),
-        "command_p50_ratio": round(cmd_p50 / raw_p50, 3),
-    }
+async def measure(nats_url: str, port: int, frames: int, only: str = "all",
+                  gateway_pid: int | None = None) -> dict[str, float]:
+    """The single-shard phases: ``only`` "all" (ingest, latency, commands), "ingest" or "commands"."""
+    results: dict[str, float] = {}
+    if only in ("all", "ingest"):
+        raw_rate = await raw_publish(nats_url, frames)
+        print(f"raw JetStream publish:  {raw_rate:10.0f} frames/s")
+        ingest_rate = await ingest(nats_url, port, frames)
+        print(f"gateway ingest:         {ingest_rate:10.0f} frames/s  ({ingest_rate / raw_rate:.2f} of raw)")
+        results.update({
+            "frames": frames,
+            "ingest_frames_per_s": round(ingest_rate, 1),
+            "raw_publish_per_s": round(raw_rate, 1),
+            "ingest_ratio": round(ingest_rate / raw_rate, 3),
+        })
+    if only == "all":
+        p50, p99 = await latency_at_1k(nats_url, port)
+        print(f"latency at 1,000 f/s:   p50 {p50:.2f} ms  p99 {p99:.2f} ms")
+        results.update({"latency_p50_ms_at_1k": round(p50, 3), "latency_p99_ms_at_1k": round(p99, 3)})
+    if only in ("all", "commands"):
+        raw_rps, raw_p50, raw_p99 = await raw_requests(nats_url)
+        print(f"raw request/reply:      {raw_rps:10.0f} /s  p50 {raw_p50:.2f} ms  p99 {raw_p99:.2f} ms")
+        cmd_rps, cmd_p50, cmd_p99, cmd_cpu_us = await commands(nats_url, port, gateway_pid)
+        print(f"gateway commands:       {cmd_rps:10.0f} /s  p50 {cmd_p50:.2f} ms  p99 {cmd_p99:.2f} ms"
+              f"  ({cmd_p50 / raw_p50:.2f}x raw p50)  gateway CPU {cmd_cpu_us:.1f} us/command")
+        results.update({
+            "command_round_trips_per_s": round(cmd_rps, 1),
+            "command_p50_ms": round(cmd_p50, 3),
+            "command_p99_ms": round(cmd_p99, 3),
+            "raw_request_per_s": round(raw_rps, 1),
+            "raw_request_p50_ms": round(raw_p50, 3),
+            "raw_request_p99_ms": round(raw_p99, 3),
+            "command_p50_ratio": round(cmd_p50 / raw_p50, 3),
+            "command_gateway_cpu_us": round(cmd_cpu_us, 1),
+        })
+    return results
 
 
 def main() -> int:
@@ -401,27 +417,31 @@ def main() -> int:
     parser.add_argument("--shards", type=int, default=1000, help="shard connections in the many-shards phase")
     parser.add_argument("--shard-rate", type=float, default=20.0, help="frames/s of each of those shards")
     parser.add_argument("--shard-seconds", type=float, default=10.0, help="how long they send")
-    parser.add_argument("--only", choices=("all", "shards"), default="all",
-                        help="'shards': only the many-shards phase (merged into the results file)")
+    parser.add_argument("--only", choices=("all", "shards", "ingest", "commands"), default="all",
+                        help="'shards': only the many-shards phase; 'ingest': only the ingest phase; "
+                        "'commands': only the command phase (each merged into the results file)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="results file (default bench/results/gateway.json, or "
+                        "gateway-sync-always.json with --sync always)")
     parser.add_argument("--sync", choices=("default", "always"), default="default",
                         help="JetStream fsync: 'default' (periodic, every 2 min) or 'always' (every "
                         "write, before its acknowledgement: what shardbus up runs)")
     args = parser.parse_args()
     print(f"JetStream sync: {args.sync}")
     name = "gateway.json" if args.sync == "default" else "gateway-sync-always.json"
-    out = ROOT / "bench" / "results" / name
-    results: dict = json.loads(out.read_text()) if args.only == "shards" and out.exists() else {}
+    out = args.out.resolve() if args.out else ROOT / "bench" / "results" / name
+    results: dict = json.loads(out.read_text()) if args.only != "all" and out.exists() else {}
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
         workdir = Path(tmp)
         server = embedded.start_nats(workdir / "nats", durable=args.sync == "always")
         gateway = None
         try:
-            if args.only == "all":
+            if args.only != "shards":
                 gateway, port = start_gateway(workdir, server.url)
-                results.update(asyncio.run(measure(server.url, port, args.frames)))
+                results.update(asyncio.run(measure(server.url, port, args.frames, args.only, gateway.pid)))
                 embedded.stop_process(gateway)
                 gateway = None
-            for replicas in (1, 2):
+            for replicas in (1, 2) if args.only in ("all", "shards") else ():
                 many = asyncio.run(shards_phase(workdir, server.url, args.shards, args.shard_rate,
                                                 args.shard_seconds, replicas, server.proc.pid))
                 key = f"shards_{args.shards}" + ("" if replicas == 1 else f"_replicas{replicas}")
@@ -443,7 +463,7 @@ def main() -> int:
     results["sync"] = args.sync
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"targets met: {targets}\nwrote {out.relative_to(ROOT)}")
+    print(f"targets met: {targets}\nwrote {out}")
     return 0
 
 

@@ -68,7 +68,10 @@ def check_protocol(expected: str | None, spoken: int) -> None:
                                                    f"{expected.strip()[:16]!r}: a deployment mismatch, do not retry")
 
 
+_LINE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+"""Built once: ``json.dumps`` with these options would build an encoder per command."""
+
+
 def command_line(verb: str, body: dict[str, Any], req_id: str) -> bytes:
     """The line sent to the shard: the body verbatim, ``kind`` set to the verb, a fresh ``reqId``."""
-    return json.dumps({**body, "kind": verb, "reqId": req_id}, ensure_ascii=False,
-                      separators=(",", ":")).encode() + b"\n"
+    return _LINE.encode({**body, "kind": verb, "reqId": req_id}).encode() + b"\n"

@@ -85,9 +85,13 @@ class Connections:
         commands, announcements = subjects.command_wildcard(hello.shard), subjects.news_announce(hello.shard)
 
         async def on_command(msg: Msg) -> None:
-            # Each command in its own task: nats-py runs a subscription's callbacks one by one.
+            # Taken here, in the subscription's task, without a task of its own: nothing in it
+            # waits (the reply is sent when the answer is read, by the sweeper or on close).
             if direct(msg, commands):
-                self.spawn(self.commands.answer(link, msg))
+                try:
+                    await self.commands.take(link, msg)
+                except Exception:  # a bug costs this command its reply, not the subscription
+                    log.exception("command failed", extra={"shard": link.shard, "subject": msg.subject[:200]})
 
         async def on_news(msg: Msg) -> None:
             if direct(msg, announcements):
@@ -105,13 +109,14 @@ class Connections:
         return link
 
     async def detach(self, link: ShardLink, why: str) -> None:
-        """Close the link (commands still waiting get a 503) and drop its subscriptions."""
+        """Close the link (commands still waiting get their 503 now) and drop its subscriptions."""
         # Closed first: a command arriving until the unsubscription lands gets a 503 at once.
         if not link.closed:
             log.info("shard disconnected", extra={"shard": link.shard, "reason": why, "frames": link.frames,
                                                   "deadLetters": link.dead_letters,
                                                   "connectedForS": round(time.time() - link.connected_at, 3)})
         link.close(why)
+        await self.commands.closed(link, why)
         subscriptions, link.subscriptions = link.subscriptions, []
         try:
             for sub in subscriptions:

@@ -49,9 +49,10 @@ class Gateway:
             log.info("line cap lowered to fit NATS's max_payload",
                      extra={"max_line_bytes": settings.max_line_bytes, "line_cap": self.line_cap,
                             "max_payload": nc.max_payload})
-        self.intake = FrameIntake(nc, self.js, settings, self.boards, self.links, self._spawn)
+        self.commands = CommandRelay(nc, settings.command_timeout_s, settings.max_pending_commands)
+        self.intake = FrameIntake(nc, self.js, settings, self.boards, self.links, self.commands, self._spawn)
         self.connections = Connections(nc, settings, self.line_cap, self.links, self.intake,
-                                       CommandRelay(settings.command_timeout_s), self._spawn)
+                                       self.commands, self._spawn)
 
     @property
     def publishers(self) -> dict[str, ShardPublisher]:
@@ -61,6 +62,7 @@ class Gateway:
     async def start(self) -> None:
         """Declare the streams and the boards' buckets, and answer board reads and news."""
         await declare_streams(self.js, self.settings)
+        await self.intake.acks.start()
         await self.boards.declare()
         await self.boards.serve()
 
@@ -87,6 +89,7 @@ class Gateway:
     async def stop(self) -> None:
         """Close every link, then let buffered frames reach JetStream."""
         await self.connections.detach_all("gateway stopping")
+        await self.commands.stop()
         await self.intake.stop()
         await self.boards.stop()
         for task in list(self._tasks):

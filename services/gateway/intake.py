@@ -1,6 +1,7 @@
 """What a shard's lines become. Its hello and every later line go to JetStream through the
 shard's publisher: a frame, or a dead letter with the reason. A board frame also goes to the
-boards, an answer to the command waiting for it; a hello replays the shard's news."""
+boards, an answer to the command waiting for it (its caller's reply sent before the line is
+queued for JetStream); a hello replays the shard's news."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from nats.js import JetStreamContext
 
 from services.gateway.board_store import BoardStore
 from services.gateway.boards import RosterAssembler, board_ops
+from services.gateway.command_relay import CommandRelay
 from services.gateway.link import ShardLink
-from services.gateway.publisher import REASON_CHARS, REASON_HEADER, Outgoing, ShardPublisher
+from services.gateway.publisher import REASON_CHARS, REASON_HEADER, AckInbox, Outgoing, ShardPublisher
 from services.gateway.settings import GatewaySettings
 from services.gateway.wire import DeadLetter, sort_line
 from shared import subjects
@@ -40,11 +42,14 @@ class FrameIntake:
     a frame's ``seq`` on the shard's link once JetStream holds it."""
 
     def __init__(self, nc: Client, js: JetStreamContext, settings: GatewaySettings, boards: BoardStore,
-                 links: Mapping[str, ShardLink], spawn: Spawn) -> None:
+                 links: Mapping[str, ShardLink], commands: CommandRelay, spawn: Spawn) -> None:
         self.nc, self.js, self.settings, self.boards = nc, js, settings, boards
         self.links = links
+        self.commands = commands
         self.spawn = spawn
         self.publishers: dict[str, ShardPublisher] = {}
+        self.acks = AckInbox(nc)
+        """JetStream's acknowledgements of every shard's publisher, on one subscription."""
 
     def publisher(self, shard: str) -> ShardPublisher:
         """The shard's publisher (created on first use; it outlives connections)."""
@@ -52,7 +57,7 @@ class FrameIntake:
             pub = ShardPublisher(self.nc, self.js, window=self.settings.publish_window,
                                  ack_timeout_s=self.settings.publish_ack_timeout_s,
                                  buffer=self.settings.buffer_frames, buffer_bytes=self.settings.buffer_bytes,
-                                 dead_letter_subject=subjects.deadletter(shard),
+                                 dead_letter_subject=subjects.deadletter(shard), acks=self.acks,
                                  on_stored=functools.partial(self._acknowledge, shard))
             pub.start()
             self.publishers[shard] = pub
@@ -92,14 +97,24 @@ class FrameIntake:
             line = without_token(item.body)
             link.rosters = RosterAssembler()
             self.spawn(self._replay_news(link))
-        link.answered(item.body, line)
+        reply = self.commands.answer(link, item.body, line) if link.pending else None
         seq = item.body.get("seq")
         ack_seq = None
         if type(seq) is int and item.kind not in CHUNKED_KINDS:
             msg_id, ack_seq = f"{shard}.seq.{seq}", seq
         link.frames += 1
-        await self.publisher(shard).put(Outgoing(subjects.frame(shard, item.kind), line, msg_id,
-                                                 ack_seq=ack_seq))
+        frame = Outgoing(subjects.frame(shard, item.kind), line, msg_id, ack_seq=ack_seq)
+        publisher = self.publisher(shard)
+        if reply is None:
+            await publisher.put(frame)
+        elif publisher.has_room(frame):
+            # The caller's reply is sent now, in this turn; the frame is only queued first so that
+            # the publisher's next turn adds it to the same write to NATS (one system call, not two).
+            await publisher.put(frame)  # does not wait: there is room
+            await self.commands.send(reply)
+        else:  # the publisher is full (back-pressure): the reply does not wait for it
+            await self.commands.send(reply)
+            await publisher.put(frame)
         ops, problem = board_ops(shard, item.kind, item.body, link.rosters)
         if problem is not None:
             # Forwarded as a frame all the same; the board could not use it, and says why.

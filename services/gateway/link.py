@@ -1,5 +1,6 @@
 """One shard's accepted connection: what the gateway knows of it, the lines it writes to it
-(batched per turn of the event loop), and the commands waiting for its answers."""
+(batched per turn of the event loop), and the commands waiting for its answers (its reqId map;
+``command_relay.py`` fills it, answers and expires it)."""
 
 from __future__ import annotations
 
@@ -7,23 +8,36 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
-from http import HTTPStatus
-from typing import Any
 
 from nats.aio.subscription import Subscription
 
 from services.gateway.boards import RosterAssembler
-from services.gateway.command_plane import CommandRejected
 from services.gateway.wire import Hello
 
 WRITE_HIGH_WATER = 1024 * 1024
 """Bytes waiting for a slow shard beyond which a sender waits for them to drain."""
 
-Answer = tuple[dict[str, Any], bytes]
-"""A shard's answer to a command: the parsed line and the line itself, verbatim."""
+UNREAD_MAX = 64 * 1024 * 1024
+"""Bytes written to a shard and not taken by its socket beyond which the gateway ends the link:
+what it writes unasked (``frame.ack`` for every stored frame, pings, news) cannot be refused or
+wait, so a shard that sends and never reads would otherwise grow the gateway's memory without
+bound. (Commands are refused well before this: ``command_relay.UNSENT_LIMIT``.)"""
 
 
-@dataclass
+@dataclass(slots=True)
+class Waiting:
+    """A command sent to the shard and not answered yet: where its caller waits for the reply
+    (the request's reply subject, and its headers, which a reply carries back as
+    ``Msg.respond`` does), the verb (its answer's status depends on it) and, in the event
+    loop's clock, when its time is up (then 504)."""
+
+    reply: str
+    headers: dict[str, str] | None
+    verb: str
+    deadline: float
+
+
+@dataclass(eq=False)
 class ShardLink:
     """One shard's accepted connection."""
 
@@ -35,11 +49,16 @@ class ShardLink:
     line_no: int = 0
     frames: int = 0
     dead_letters: int = 0
-    pending: dict[str, asyncio.Future[Answer]] = field(default_factory=dict)
+    pending: dict[str, Waiting] = field(default_factory=dict)
+    """reqId → the command waiting for the shard's answer. In the order sent, which is the
+    order of their deadlines (every command has the same timeout): the relay's sweeper reads
+    only the front."""
     subscriptions: list[Subscription] = field(default_factory=list)
     outbox: list[bytes] = field(default_factory=list)
     rosters: RosterAssembler = field(default_factory=RosterAssembler)
     closed: bool = False
+    closed_why: str = ""
+    """Why the link was closed (the 503 of the commands that were waiting says it)."""
     ending: str | None = None
     """Why the gateway is ending this link, when it is the one ending it."""
 
@@ -72,20 +91,20 @@ class ShardLink:
         lines, self.outbox = self.outbox, []
         if lines and not self.closed and not self.writer.is_closing():
             self.writer.write(b"".join(lines))
+            if (unread := self.writer.transport.get_write_buffer_size()) > UNREAD_MAX:
+                # Logged once, as "shard disconnected" with this reason (connections.py).
+                self.ending = f"the shard does not read what the gateway writes ({unread} bytes waiting)"
+                self.writer.transport.abort()
 
-    def answered(self, body: dict[str, Any], line: bytes) -> None:
-        """A line carrying the ``reqId`` of a command still waiting is its answer."""
-        req_id = body.get("reqId")
-        if isinstance(req_id, str) and (future := self.pending.get(req_id)) and not future.done():
-            future.set_result((body, line))
+    def unsent_bytes(self) -> int:
+        """Bytes written to the shard and not yet taken by its socket (this turn's lines aside)."""
+        return self.writer.transport.get_write_buffer_size()
 
     def close(self, why: str) -> None:
-        """Close the connection; commands still waiting get a 503."""
+        """Close the connection. The commands still waiting are the relay's to answer (503:
+        ``CommandRelay.closed``, which ``Connections.detach`` calls at once)."""
         if self.closed:
             return
         self.closed = True
-        for future in self.pending.values():
-            if not future.done():
-                future.set_exception(CommandRejected(HTTPStatus.SERVICE_UNAVAILABLE,
-                                                     f"shard {self.shard} disconnected ({why}) before answering"))
+        self.closed_why = why
         self.writer.close()

@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import itertools
+import json
 import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import nats.errors
+import nats.js.api
 import nats.js.errors
 from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
-from nats.js.api import PubAck
 
 log = logging.getLogger("shardbus.gateway.publisher")
 
@@ -54,6 +58,83 @@ def refuses_the_message(error: Exception) -> bool:
 CONNECTED_POLL_S = 0.05
 """How often a publisher looks whether NATS is back."""
 
+NO_RESPONDERS = "503"
+"""The status header of NATS's "no responders": no stream takes the subject."""
+
+
+class AckInbox:
+    """JetStream's acknowledgements of every publisher of one gateway, on one subscription:
+    each message's reply subject is the inbox's prefix and a counter, and its acknowledgement
+    completes the message's future (with None; an error answer with its ``APIError``).
+
+    What ``JetStreamContext.publish_async`` does, for less: it draws random bytes (a system call)
+    for each message's reply subject and builds a ``PubAck`` dataclass from each
+    acknowledgement, which a publisher never reads (a fifth of the gateway's CPU per frame,
+    py-spy, issue 15). No cap of its own on the messages waiting for their acknowledgement:
+    each shard's publisher has its window (``SHARDBUS_PUBLISH_WINDOW``). ``publish_async``'s
+    cap of 4,000 for the whole gateway was what held 1,000 shards × 20 frames/s back
+    (bench/gateway.py: frame p99 6-12 s with it, 0.3 s without; the gateway's CPU half idle)."""
+
+    def __init__(self, nc: Client) -> None:
+        self.nc = nc
+        self.prefix = ""
+        self._sub: Subscription | None = None
+        self._starting = asyncio.Lock()
+        self._waiting: dict[str, asyncio.Future[None]] = {}
+        self._numbers = itertools.count(1)
+
+    async def start(self) -> None:
+        """Subscribe to the inbox (done by the first :meth:`publish` if not before)."""
+        async with self._starting:
+            if self._sub is None:
+                prefix = f"{self.nc.new_inbox()}."
+                self._sub = await self.nc.subscribe(f"{prefix}*", cb=self._on_ack)
+                self.prefix = prefix
+
+    def waiting(self) -> int:
+        """Messages published and not acknowledged (nor forgotten) yet."""
+        return len(self._waiting)
+
+    async def publish(self, subject: str, data: bytes, headers: dict[str, str]) -> tuple[str, asyncio.Future[None]]:
+        """Publish one message to JetStream; its token (for :meth:`forget`) and the future its
+        acknowledgement completes."""
+        if self._sub is None:
+            await self.start()
+        token = f"{next(self._numbers):x}"
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting[token] = future
+        try:
+            await self.nc.publish(subject, data, reply=self.prefix + token, headers=headers)
+        except BaseException:
+            self.forget(token)
+            raise
+        return token, future
+
+    def forget(self, token: str | None) -> None:
+        """Stop waiting for the acknowledgement of ``token`` (it is published again, or the
+        publisher stops); one that still comes is dropped."""
+        if token is not None and (future := self._waiting.pop(token, None)) is not None:
+            future.cancel()
+
+    async def _on_ack(self, msg: Msg) -> None:
+        future = self._waiting.pop(msg.subject[len(self.prefix):], None)
+        if future is None or future.done():
+            return
+        if msg.headers and msg.headers.get(nats.js.api.Header.STATUS) == NO_RESPONDERS:
+            future.set_exception(nats.js.errors.NoStreamResponseError())
+            return
+        try:
+            answer = json.loads(msg.data)
+            error = answer.get("error") if isinstance(answer, dict) else "not a JSON object"
+            if error is None:
+                future.set_result(None)
+                return
+            if isinstance(error, dict) and "code" in error:
+                nats.js.errors.APIError.from_error(error)  # raises the error's class
+            raise nats.js.errors.APIError(description=str(error)[:REASON_CHARS])
+        except Exception as exc:  # noqa: BLE001 — the message is published again: the acknowledger decides
+            future.set_exception(exc)
+
 
 @dataclass
 class Outgoing:
@@ -70,15 +151,17 @@ class Outgoing:
 class ShardPublisher:
     """An ordered, windowed, loss-free publisher for one shard's messages.
 
-    A sender sends each queued message as soon as a window slot is free; an acknowledger
+    A sender sends each queued message as soon as a window slot is free (through the
+    gateway's :class:`AckInbox`); an acknowledger
     awaits the acknowledgements in order. When one does not come (NATS away, an error), the
     acknowledger stops the sender (the lock) and publishes every unacknowledged message
     again, one at a time, in order; JetStream drops the ones it already holds."""
 
     def __init__(self, nc: Client, js: JetStreamContext, *, window: int, ack_timeout_s: float,
                  buffer: int, on_stored: Callable[[Outgoing], None], buffer_bytes: int = 64 * 1024 * 1024,
-                 dead_letter_subject: str | None = None) -> None:
+                 dead_letter_subject: str | None = None, acks: AckInbox | None = None) -> None:
         self.nc, self.js = nc, js
+        self.acks = acks or AckInbox(nc)
         self.ack_timeout_s = ack_timeout_s
         self.queue: asyncio.Queue[Outgoing] = asyncio.Queue()
         self.buffer = buffer
@@ -92,19 +175,24 @@ class ShardPublisher:
         self.on_stored = on_stored
         self.published = 0
         self.retries = 0
-        self._in_flight: deque[tuple[Outgoing, asyncio.Future[PubAck]]] = deque()
+        self._in_flight: deque[tuple[Outgoing, str | None, asyncio.Future[None]]] = deque()
         self._slots = asyncio.Semaphore(window)
         self._lock = asyncio.Lock()
         self._flying = asyncio.Event()
         self._holding = 0
         self._tasks: list[asyncio.Task[None]] = []
 
+    def has_room(self, item: Outgoing) -> bool:
+        """True when :meth:`put` of ``item`` would queue it at once, without waiting."""
+        return not (self.queue.qsize() >= self.buffer
+                    or (self.held_bytes and self.held_bytes + len(item.data) > self.buffer_bytes))
+
     async def put(self, item: Outgoing) -> None:
         """Queue a message; once the buffer is full — by count, or by bytes held — waits
         (back-pressure) until it is half empty again, so reading and publishing go in batches
         rather than one by one. A single message larger than the byte bound still goes alone."""
         size = len(item.data)
-        if self.queue.qsize() >= self.buffer or (self.held_bytes and self.held_bytes + size > self.buffer_bytes):
+        if not self.has_room(item):
             while self.queue.qsize() > self.buffer // 2 or (self.held_bytes and
                                                              self.held_bytes + size > self.buffer_bytes // 2):
                 self._room.clear()
@@ -143,7 +231,8 @@ class ShardPublisher:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for _, future in self._in_flight:
+        for _, token, future in self._in_flight:
+            self.acks.forget(token)
             future.cancel()
 
     async def _connected(self) -> None:
@@ -165,11 +254,12 @@ class ShardPublisher:
             await self._slots.acquire()
             async with self._lock:
                 await self._connected()
+                token: str | None = None
                 try:
-                    future = await self.js.publish_async(item.subject, item.data, headers=self._headers(item))
+                    token, future = await self.acks.publish(item.subject, item.data, self._headers(item))
                 except Exception:  # noqa: BLE001 — NATS went away between the check and the send
                     future = _failed_future()
-                self._in_flight.append((item, future))
+                self._in_flight.append((item, token, future))
                 self._holding = 0
                 self._flying.set()
 
@@ -178,7 +268,7 @@ class ShardPublisher:
             while not self._in_flight:
                 self._flying.clear()
                 await self._flying.wait()
-            item, future = self._in_flight[0]
+            item, _, future = self._in_flight[0]
             try:
                 if not future.done():  # acks that already came are taken without a pause
                     await asyncio.wait_for(future, self.ack_timeout_s)
@@ -195,10 +285,11 @@ class ShardPublisher:
         """Publish every unacknowledged message again, one at a time, in order."""
         log.warning("JetStream did not acknowledge; publishing again in order",
                     extra={"reason": repr(exc), "count": len(self._in_flight)})
-        for _, future in self._in_flight:
+        for _, token, future in self._in_flight:
+            self.acks.forget(token)
             future.cancel()
         while self._in_flight:
-            item, _ = self._in_flight[0]
+            item, _, _ = self._in_flight[0]
             refusals = 0
             while True:
                 await self._connected()
@@ -261,8 +352,8 @@ def _give_memory_back() -> None:
         pass
 
 
-def _failed_future() -> asyncio.Future[PubAck]:
-    future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
+def _failed_future() -> asyncio.Future[None]:
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     future.set_exception(ConnectionError("NATS connection lost while publishing"))
     future.exception()  # mark retrieved: the retry path handles it
     return future

@@ -50,5 +50,8 @@ class GatewaySettings(CommonSettings):
                               "reached the gateway stops reading from the shard (back-pressure).")
     command_timeout_s: float = Field(default=5.0, gt=0,
                                      description="How long the shard has to answer a command (then 504).")
+    max_pending_commands: int = Field(default=1000, ge=1,
+                                      description="Commands one shard may have waiting for its answers; "
+                                      "beyond them a command is refused at once (503).")
     board_bucket_prefix: str = Field(default="BOARD",
                                      description="Key-value buckets are named <prefix>_<BOARD>.")

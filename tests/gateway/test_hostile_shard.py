@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 
 import pytest
 from nats.js.api import StreamConfig
@@ -194,3 +195,42 @@ async def test_a_subject_token_that_is_no_shard_id_is_400_and_stores_nothing(gat
     reply = json.loads((await nc.request(request_subject.format(token), b'{"id":"n1"}', timeout=5)).data)
     assert reply["status"] == 400 and "must match [a-z0-9_-]{1,32}" in reply["error"]
     assert await gateway.gateway.boards.latest("news", token) == {}
+
+
+@pytest.mark.timeout(120)
+async def test_a_shard_that_sends_and_never_reads_is_disconnected_before_its_backlog_grows_without_bound(
+        gateway, unique, monkeypatch):
+    """Every stored frame with a ``seq`` is acknowledged to the shard (``frame.ack``), unasked: a
+    shard that keeps sending and reads nothing would make the gateway hold every one of them.
+    Past ``link.UNREAD_MAX`` bytes waiting (lowered here) the gateway ends the link, saying why."""
+    from services.gateway import link as link_module
+
+    monkeypatch.setattr(link_module, "UNREAD_MAX", 50_000)
+    shard = f"deaf{unique}"
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # reads nothing, and buffers little
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", gateway.port))
+    _reader, writer = await asyncio.open_connection(sock=sock)
+    writer.write(json.dumps({"t": 1, "kind": "server.hello", "shard": shard, "protocol": 7,
+                             "token": TOKEN}).encode() + b"\n")
+    try:
+        await wait_until(lambda: shard in gateway.gateway.links)
+        link = gateway.gateway.links[shard]
+        seq = 0
+        # The seed's guild.update (services/gateway/asyncapi_schema.py quotes it) with SPEC's optional
+        # seq, which the gateway acknowledges (docs/gateway.md, "frame.ack").
+        while not link.closed and seq < 400_000:
+            batch = b"".join(b'{"kind":"guild.update","id":7,"name":"The Cartographers","abbr":"MAP","members":2,'
+                             b'"online":1,"seq":%d}\n' % n for n in range(seq, seq + 2000))
+            seq += 2000
+            try:
+                writer.write(batch)
+                await asyncio.wait_for(writer.drain(), 10)
+            except (ConnectionError, TimeoutError):
+                break
+        await wait_until(lambda: link.closed, timeout=30)
+        assert link.closed_why.startswith("the shard does not read what the gateway writes ("), link.closed_why
+        await wait_until(lambda: shard not in gateway.gateway.links)
+    finally:
+        writer.close()
