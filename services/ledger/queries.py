@@ -278,6 +278,23 @@ SET_RUN_STATUS = Statement("SET_RUN_STATUS", """
 
 # --- resources ---------------------------------------------------------------------------
 
+def _added() -> str:
+    """The end of a statement adding resources (CTE ``inserted``): each row's log entry, its run's
+    cleanup reopened if it was complete (statuses.REOPEN), and its event (ADD_RESOURCE, ADD_RESOURCES)."""
+    return compose("""logged AS (
+            INSERT INTO run_log (run_id, resource_id, kind, detail)
+            SELECT run_id, id, :log_kind,
+                   jsonb_build_object('status', status, 'module', module, 'kind', kind, 'ref', ref)
+            FROM inserted
+        ), reopened AS (
+            UPDATE runs SET cleanup_status = :reopen_to, updated_at = now()
+            WHERE run_id IN (SELECT run_id FROM inserted) AND cleanup_status = ANY(:reopen_from)
+            RETURNING run_id
+        ), $events""", events=resource_events("inserted"))
+
+
+_ADDED = _added()
+
 ADD_RESOURCE = Statement("ADD_RESOURCE", """
     Reserve or record a resource (status :status: statuses.RESERVE or RECORD) of a run that
     exists (and, when :open_only, is not over), unless its idempotency key was used; log it, and
@@ -290,16 +307,7 @@ ADD_RESOURCE = Statement("ADD_RESOURCE", """
         FROM runs WHERE run_id = CAST(:run_id AS text) AND NOT (:open_only AND status = ANY(:terminal))
         ON CONFLICT (idempotency_key) DO NOTHING
         RETURNING *
-    ), logged AS (
-        INSERT INTO run_log (run_id, resource_id, kind, detail)
-        SELECT run_id, id, :log_kind,
-               jsonb_build_object('status', status, 'module', module, 'kind', kind, 'ref', ref)
-        FROM inserted
-    ), reopened AS (
-        UPDATE runs SET cleanup_status = :reopen_to, updated_at = now()
-        WHERE run_id = :run_id AND cleanup_status = ANY(:reopen_from) AND EXISTS (SELECT 1 FROM inserted)
-        RETURNING run_id
-    ), $events""", events=resource_events("inserted")))
+    ), $added""", added=_ADDED))
 
 KEY_USED = Statement("KEY_USED", "Whether a resource holds the idempotency key :key.", """
     SELECT 1 FROM resources WHERE idempotency_key = :key""")
@@ -346,16 +354,7 @@ ADD_RESOURCES = Statement("ADD_RESOURCES", """
         ORDER BY g.n
         ON CONFLICT (idempotency_key) DO NOTHING
         RETURNING *
-    ), logged AS (
-        INSERT INTO run_log (run_id, resource_id, kind, detail)
-        SELECT run_id, id, :log_kind,
-               jsonb_build_object('status', status, 'module', module, 'kind', kind, 'ref', ref)
-        FROM inserted
-    ), reopened AS (
-        UPDATE runs SET cleanup_status = :reopen_to, updated_at = now()
-        WHERE run_id IN (SELECT run_id FROM inserted) AND cleanup_status = ANY(:reopen_from)
-        RETURNING run_id
-    ), $events""", events=resource_events("inserted")))
+    ), $added""", added=_ADDED))
 
 TRANSITIONS = Statement("TRANSITIONS", """
     TRANSITION for a batch (services/ledger/batches.py): each row :ids (with its error of
