@@ -106,6 +106,25 @@ async def ledger_transitions(nats_url: str, seconds: float, clients: int = CLIEN
     return done / elapsed, errors, done
 
 
+async def coalescer_stats(nats_url: str) -> dict[str, dict[str, int]]:
+    """The ledger's coalescer counts (its health reply)."""
+    nc = await nats.connect(nats_url)
+    try:
+        return json.loads((await nc.request(subjects.health("ledger"), b"", timeout=5)).data)["coalescers"]
+    finally:
+        await nc.close()
+
+
+def batch_sizes(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, float]:
+    """Requests per statement of reserve and confirm between two readings of the counts."""
+    sizes = {}
+    for name in ("reserve", "confirm"):
+        requests = after[name]["requests"] - before[name]["requests"]
+        statements = (after[name]["batches"] - before[name]["batches"]) + (after[name]["alone"] - before[name]["alone"])
+        sizes[name] = round(requests / statements, 2) if statements else 0.0
+    return sizes
+
+
 async def raw_transitions(db_url: str, seconds: float, clients: int = CLIENTS) -> tuple[float, int]:
     """The same reserve (INSERT) + guarded confirm (UPDATE) straight through asyncpg."""
     return await _pairs_through_asyncpg(db_url, seconds, "raw", _RAW_RESERVE, _RAW_CONFIRM, clients)
@@ -374,6 +393,7 @@ def main() -> int:
             # Slices of the ledger and of raw taken in turn, so that both meet the machine as it is
             # (its speed wanders by half within a minute here): the ratio is of their sums.
             mine, raw_tally = Tally(), Tally()
+            counted = asyncio.run(coalescer_stats(nats_server.url))
             for _ in range(ROUNDS):
                 with CpuMeter(**ledger_procs) as cpu:
                     rate, errors, done = asyncio.run(
@@ -383,7 +403,9 @@ def main() -> int:
                 with CpuMeter(**raw_procs) as cpu:
                     rate, done = asyncio.run(raw_transitions(db_url, args.seconds / ROUNDS, clients))
                 raw_tally.add(cpu, done, done / rate if rate else 0.0, 0)
+            sizes = batch_sizes(counted, asyncio.run(coalescer_stats(nats_server.url)))
             sweep[clients] = {"transitions_per_s": round(mine.rate(), 1), "errors": mine.errors,
+                              "requests_per_statement": sizes,
                               "cpu_us_per_transition": mine.per_op_us(),
                               "raw_updates_per_s": round(raw_tally.rate(), 1),
                               "raw_cpu_us_per_transition": raw_tally.per_op_us(),
@@ -391,7 +413,8 @@ def main() -> int:
             level = sweep[clients]
             print(f"{clients:3d} clients: ledger {level['transitions_per_s']:8.0f}/s "
                   f"cpu µs {level['cpu_us_per_transition']}\n             raw    {level['raw_updates_per_s']:8.0f}/s "
-                  f"cpu µs {level['raw_cpu_us_per_transition']}  ratio {level['ratio']}")
+                  f"cpu µs {level['raw_cpu_us_per_transition']}  ratio {level['ratio']}  "
+                  f"requests per statement {sizes}")
         errors = sum(level["errors"] for level in sweep.values())
         embedded.stop_process(ledger)
         ledger = None
