@@ -12,7 +12,7 @@ sends the same ``world.despawn {runId, serials: [serial]}`` commands (idempotenc
 gateway and simulator with the same concurrency as a replica's give-backs, and no ledger.
 
 Figures: resources given back per second at 10k and 100k, the time ratio 100k / 10k (linear
-cost: ≤ 12), the rate with two replicas, the raw rate, and sweep / raw (target ≥ 0.25).
+cost: ≤ 12), the rate with two replicas, the raw rate, and sweep / raw (target ≥ 0.5, issue 15).
 
 Run alone: ``python bench/cleanup.py`` (``--quick`` for a 1k/10k smoke run); writes
 ``bench/results/cleanup.json``.
@@ -238,7 +238,7 @@ async def measure(nats_url: str, admin_url: str, workdir: Path, small: int, larg
         "seconds": {"10k_before": round(small_before["seconds"], 3), "10k_after": round(small_after["seconds"], 3),
                     "100k": round(one_large["seconds"], 3), "10k_2_replicas": round(two_small["seconds"], 3)},
         "raw_commands_per_s_before_after": [round(raw_before, 1), round(raw_after, 1)],
-        "targets": {"time_ratio_100k_vs_10k_max": 12, "sweep_vs_raw_ratio_min": 0.25},
+        "targets": {"time_ratio_100k_vs_10k_max": 12, "sweep_vs_raw_ratio_min": 0.5},
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
     }
 
