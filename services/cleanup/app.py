@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
+import uvloop
 from faststream import FastStream
 from faststream.nats import NatsBroker
 
@@ -30,6 +31,10 @@ from shared.contracts.cleanup import QUEUE, ReconcileRequest, RetryRequest, Swee
 from shared.request_body import decode_body
 
 log = logging.getLogger("shardbus.cleanup")
+
+LOOP_FACTORY = uvloop.new_event_loop
+"""``shardbus run cleanup`` runs on uvloop: a sweep is thousands of small requests, each its own
+socket write (bench/cleanup.py, docs/performance.md)."""
 
 JITTER = 0.1
 """Periods vary by ±10% so replicas started together drift apart."""
