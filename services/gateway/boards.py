@@ -20,6 +20,12 @@ from typing import Any
 MAX_ROSTER_MEMBERS = 50_000
 """A partial roster growing past this many members is discarded (S004:317)."""
 
+MAX_PARTIAL_BYTES = 16 * 1024 * 1024
+"""The most bytes of roster lines one connection's partial rosters may hold, all guilds
+together; past it the oldest partials are discarded. (The member cap bounds one guild's count,
+not its bytes, nor how many guilds a shard leaves half sent: a hostile shard could otherwise
+make the gateway hold any amount. A real roster of 50,000 members is about 3 MB.)"""
+
 _SAFE_ID = re.compile(r"[A-Za-z0-9_=-]{1,64}")
 
 MAX_GUILD_ID = 2**63 - 1
@@ -153,12 +159,24 @@ class RosterAssembler:
     empty member list is a complete roster; past :data:`MAX_ROSTER_MEMBERS` the partial is
     discarded. A new connection (a new ``server.hello``) starts with no partials."""
 
-    def __init__(self, max_members: int = MAX_ROSTER_MEMBERS) -> None:
+    def __init__(self, max_members: int = MAX_ROSTER_MEMBERS, max_bytes: int = MAX_PARTIAL_BYTES) -> None:
         self.max_members = max_members
+        self.max_bytes = max_bytes
         self.partials: dict[str, tuple[int, list[Any]]] = {}
+        self._bytes: dict[str, int] = {}
+        self.held_bytes = 0
+        """Bytes of the lines the partials were made of."""
+        self.evicted = 0
+        """Partials discarded because all of them together held too much."""
 
-    def take(self, guild: str, frame: dict[str, Any]) -> list[Any] | None:
-        """Add one roster frame; the whole member list once complete, else None.
+    def _drop(self, guild: str) -> list[Any] | None:
+        self.held_bytes -= self._bytes.pop(guild, 0)
+        partial = self.partials.pop(guild, None)
+        return None if partial is None else partial[1]
+
+    def take(self, guild: str, frame: dict[str, Any], size: int = 0) -> list[Any] | None:
+        """Add one roster frame (``size``: its line's bytes); the whole member list once
+        complete, else None.
 
         Read as the seed reads it (S004:264-276): ``seq`` an integer or 0, ``more`` true or
         false, ``members`` an array or empty (a missing or non-array one is a complete empty
@@ -168,21 +186,27 @@ class RosterAssembler:
         more = frame.get("more") is True
         members = frame.get("members")
         members = members if isinstance(members, list) else []
+        held = self._bytes.get(guild, 0)
         if seq == 0:
+            self._drop(guild)
             collected: list[Any] = []
+            held = 0
         elif guild in self.partials and self.partials[guild][0] == seq:
-            collected = self.partials.pop(guild)[1]
+            collected = self._drop(guild) or []
         else:  # out of order, or a continuation with no start
-            self.partials.pop(guild, None)
+            self._drop(guild)
             return None
         collected.extend(members)
         if len(collected) > self.max_members:
-            self.partials.pop(guild, None)
             return None
         if more:
             self.partials[guild] = (seq + 1, collected)
+            self._bytes[guild] = held + size
+            self.held_bytes += held + size
+            while self.held_bytes > self.max_bytes and self.partials:
+                self._drop(next(iter(self.partials)))  # the oldest first (this one last)
+                self.evicted += 1
             return None
-        self.partials.pop(guild, None)
         return collected
 
 
@@ -191,7 +215,7 @@ Op = tuple[str, str, str, Any]
 
 
 def board_ops(shard: str, kind: str, frame: dict[str, Any],
-              rosters: RosterAssembler) -> tuple[list[Op], str | None]:
+              rosters: RosterAssembler, size: int = 0) -> tuple[list[Op], str | None]:
     """The key-value writes a frame causes, and why a board kind's frame could not be used
     (None when it could, or when the kind writes no board). A ``guild.roster`` frame writes
     only once its roster is whole."""
@@ -204,7 +228,7 @@ def board_ops(shard: str, kind: str, frame: dict[str, Any],
     if rule.action == "delete":
         return [("delete", rule.board, item_key(shard, item, part), None) for part in BOARDS[rule.board]], None
     if kind == "guild.roster":
-        members = rosters.take(item, frame)
+        members = rosters.take(item, frame, size)
         if members is None:
             return [], None
         return [("put", rule.board, item_key(shard, item, rule.part), members)], None

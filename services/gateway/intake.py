@@ -115,7 +115,12 @@ class FrameIntake:
         else:  # the publisher is full (back-pressure): the reply does not wait for it
             await self.commands.send(reply)
             await publisher.put(frame)
-        ops, problem = board_ops(shard, item.kind, item.body, link.rosters)
+        evicted = link.rosters.evicted
+        ops, problem = board_ops(shard, item.kind, item.body, link.rosters, len(line))
+        if link.rosters.evicted != evicted:
+            log.warning("partial rosters discarded: the shard's unfinished rosters held too much",
+                        extra={"shard": shard, "discarded": link.rosters.evicted - evicted,
+                               "held_bytes": link.rosters.held_bytes})
         if problem is not None:
             # Forwarded as a frame all the same; the board could not use it, and says why.
             link.dead_letters += 1

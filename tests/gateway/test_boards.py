@@ -236,3 +236,24 @@ async def test_a_board_read_while_its_keys_change_shows_every_key_and_never_goes
     finally:
         stop.set()
         await writer
+
+
+async def test_unfinished_rosters_of_many_guilds_are_bounded_by_their_lines_bytes(gateway, shard_sims, nc, unique):
+    """A shard that starts roster after roster and finishes none (S004:308-403's chunks, every one
+    with ``more``): what the gateway holds for them is bounded by their lines' bytes, the oldest
+    discarded first; a roster finished afterwards is still written whole."""
+    from services.gateway.boards import RosterAssembler
+
+    sim = await shard_sims(gateway, f"r{unique}")
+    link = gateway.gateway.links[sim.shard]
+    link.rosters = RosterAssembler(max_bytes=4_000)  # the cap (16 MiB by default), lowered here
+    members = [{"serial": f"0x{n:x}", "name": f"Member {n}"} for n in range(20)]  # a line of ~600 bytes
+    for guild in range(1, 31):
+        await sim.send("guild.roster", id=guild, seq=0, more=True, members=members)
+    await wait_until(lambda: link.frames >= 30)
+    assert 0 < link.rosters.held_bytes <= 4_000
+    assert link.rosters.evicted >= 20 and "30" in link.rosters.partials
+    await sim.send("guild.roster", id=30, seq=1, more=False, members=[{"serial": "0xff", "name": "Last"}])
+    await settled(gateway, sim.shard)
+    [row] = [item for item in (await read_board(nc, sim.shard, "guilds"))["items"] if item.get("id") == 30]
+    assert len(row["roster"]) == 21

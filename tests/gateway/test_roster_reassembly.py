@@ -82,3 +82,29 @@ def test_a_roster_with_no_seq_or_more_is_a_whole_one_frame_roster():
     # S004:265-270: seq `unwrap_or(0)`, more `unwrap_or(false)`.
     assert RosterAssembler().take("7", {"members": ["a"]}) == ["a"]
     assert RosterAssembler().take("7", {"seq": "1", "more": "yes", "members": ["b"]}) == ["b"]
+
+
+def test_partials_of_many_guilds_never_hold_more_than_the_byte_cap_and_the_oldest_go_first():
+    # A hostile shard starting roster after roster and finishing none: the member cap bounds one
+    # guild, so all guilds together are bounded by the bytes of their lines.
+    r = RosterAssembler(max_bytes=10_000)
+    for guild in range(100):
+        assert r.take(str(guild), chunk(0, ["m"], True), size=1_000) is None
+        assert r.held_bytes <= 10_000
+    assert len(r.partials) == 10 and r.evicted == 90
+    assert list(r.partials) == [str(g) for g in range(90, 100)]  # the newest kept
+    assert r.take("99", chunk(1, ["n"], False), size=1_000) == ["m", "n"]
+    assert r.take("0", chunk(1, ["n"], False)) is None  # evicted: its continuation has no start
+    assert r.held_bytes == 9_000
+
+
+def test_a_finished_roster_gives_back_what_its_partial_held():
+    r = RosterAssembler()
+    r.take("7", chunk(0, ["a"], True), size=500)
+    r.take("7", chunk(1, ["b"], True), size=500)
+    assert r.held_bytes == 1_000
+    assert r.take("7", chunk(2, ["c"], False), size=500) == ["a", "b", "c"]
+    assert r.held_bytes == 0 and r.partials == {}
+    r.take("8", chunk(0, ["a"], True), size=500)
+    r.take("8", chunk(0, ["a"], True), size=300)  # seq 0 again: starts afresh
+    assert r.held_bytes == 300
