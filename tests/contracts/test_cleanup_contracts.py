@@ -5,12 +5,14 @@ models. Real NATS, real PostgreSQL, the real ledger and cleanup service in-proce
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+import nats
 import pytest
 
 from services.cleanup.app import create_app
@@ -30,6 +32,15 @@ async def cleanup(nats_url: str, ledger: LedgerClient, nc) -> AsyncIterator[None
     settings = CleanupSettings(nats_url=nats_url, sweep_period_s=3600, reconcile_period_s=3600,
                                command_timeout_s=0.5)
     async with create_app(settings):
+        # Its subscriptions reach nats-server over its own connection: until the health subject
+        # (subscribed last) answers, a request from the test's connection may meet no responders.
+        async with asyncio.timeout(10):
+            while True:
+                try:
+                    await nc.request(subjects.health("cleanup"), b"", timeout=1)
+                    break
+                except nats.errors.NoRespondersError:
+                    await asyncio.sleep(0.05)
         yield
 
 
