@@ -84,7 +84,11 @@ async def test_sigkill_of_a_ledger_then_a_cleanup_replica_gives_everything_back_
         await work.wait_ended(RUNS // 4)
         answered.busy.clear()  # kill the ledger while a run's records are in flight
         await asyncio.wait_for(answered.busy.wait(), 10)
-        await asyncio.sleep(0.005)  # let them reach the ledgers
+        # Frozen first, then killed: the requests NATS hands it meanwhile are delivered and never
+        # answered, as in a crash mid-request. (A bare kill after a few milliseconds found nothing
+        # in flight once the ledger answered within them.)
+        ledgers[0].proc.send_signal(signal.SIGSTOP)
+        await asyncio.sleep(0.3)
         procs.stop(ledgers[0], signal.SIGKILL)
         ledger_killed_at = time.monotonic()
         await work.wait_ended(RUNS // 2)
