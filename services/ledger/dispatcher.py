@@ -29,7 +29,7 @@ from nats.aio.subscription import Subscription
 from pydantic import BaseModel, ValidationError
 
 from shared import replies
-from shared.broker import STOP_GRACE_S, ErrorHandler, error_reply
+from shared.broker import STOP_GRACE_S, DirectOnly, ErrorHandler, error_reply
 from shared.delivery import is_direct, why_not_direct
 from shared.request_body import read_body
 
@@ -88,11 +88,15 @@ class Dispatcher:
     errors: dict[type[Exception], ErrorHandler]
     pending_max: int = 4096
     stats: dict[str, SubjectStats] = field(default_factory=dict)
+    _refusals: DirectOnly = field(default_factory=lambda: DirectOnly("ledger"))
+    """Logs refusals as the FastStream path does: at most a line per subject every 10 s."""
+    _nc: Client | None = None
     _subs: list[Subscription] = field(default_factory=list)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def start(self, nc: Client) -> None:
         """Subscribe every hot subject."""
+        self._nc = nc
         for hot in self.hot:
             self.stats[hot.subject] = SubjectStats()
             self._subs.append(await nc.subscribe(hot.subject, queue=self.queue, cb=self._callback(hot)))
@@ -105,9 +109,8 @@ class Dispatcher:
             # the work, so one slow statement never holds up the requests behind it.
             if not is_direct(msg.subject, hot.subject, msg.reply, msg.headers):
                 stats.refused += 1
-                log.debug("refused a message not sent to this subject directly",
-                          extra={"subscription": hot.subject,
-                                 "why": why_not_direct(msg.subject, hot.subject, msg.reply, msg.headers)})
+                self._refusals.refused(hot.subject, why_not_direct(msg.subject, hot.subject, msg.reply, msg.headers),
+                                       msg.subject)
                 return
             stats.requests += 1
             if stats.under_way >= self.pending_max:
@@ -141,12 +144,11 @@ class Dispatcher:
         finally:
             stats.under_way -= 1
 
-    @staticmethod
-    async def _respond(msg: Msg, reply: dict[str, Any] | bytes) -> None:
-        if not msg.reply:
+    async def _respond(self, msg: Msg, reply: dict[str, Any] | bytes) -> None:
+        if not msg.reply or self._nc is None:
             return
         try:
-            await msg._client.publish(msg.reply, encode(reply), headers=JSON_HEADERS)
+            await self._nc.publish(msg.reply, encode(reply), headers=JSON_HEADERS)
         except Exception as exc:  # noqa: BLE001 - the caller is gone or NATS is away; nothing to retry
             log.warning("could not answer a request", extra={"subject": msg.subject, "reason": type(exc).__name__})
 

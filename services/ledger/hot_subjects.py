@@ -85,30 +85,27 @@ class HotActions:
         async def outcomes(given: list[OneOutcome]) -> list[Any]:
             return await batches.outcomes(db, given)
 
-        self.coalescers: dict[str, Coalescer[Any, Answer]] = {
-            subjects.LEDGER_RESOURCE_RESERVE: add(confirmed=False),
-            subjects.LEDGER_RESOURCE_RECORD: add(confirmed=True),
-            subjects.LEDGER_RESOURCE_CONFIRM: transition(statuses.CONFIRM),
-            subjects.LEDGER_RESOURCE_FAIL: transition(statuses.FAIL),
-            # One coalescer for the three one-row outcome subjects: OUTCOMES carries each row's rule.
-            subjects.LEDGER_SWEEP_REVERTED: coalescer("outcome", outcomes, one_outcome, _outcome_key),
-        }
+        self._reserve, self._record = add(confirmed=False), add(confirmed=True)
+        self._confirm, self._fail = transition(statuses.CONFIRM), transition(statuses.FAIL)
+        # One coalescer for the three one-row outcome subjects: OUTCOMES carries each row's rule.
+        self._outcome = coalescer("outcome", outcomes, one_outcome, _outcome_key)
 
     async def reserve(self, body: c.AddResource) -> Answer:
-        return await self.coalescers[subjects.LEDGER_RESOURCE_RESERVE].submit(body)
+        return await self._reserve.submit(body)
 
     async def record(self, body: c.AddResource) -> Answer:
-        return await self.coalescers[subjects.LEDGER_RESOURCE_RECORD].submit(body)
+        return await self._record.submit(body)
 
     async def confirm(self, body: c.ResourceRef) -> Answer:
-        return await self.coalescers[subjects.LEDGER_RESOURCE_CONFIRM].submit(body)
+        return await self._confirm.submit(body)
 
     async def fail(self, body: c.FailResource) -> Answer:
-        return await self.coalescers[subjects.LEDGER_RESOURCE_FAIL].submit(body)
+        return await self._fail.submit(body)
 
     async def outcome(self, resource_id: int, outcome: Outcome, error: str | None) -> Answer:
-        return await self.coalescers[subjects.LEDGER_SWEEP_REVERTED].submit((resource_id, outcome, error))
+        return await self._outcome.submit((resource_id, outcome, error))
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Each coalescer's counts, by its name."""
-        return {co.name: co.stats.as_dict() for co in self.coalescers.values()}
+        return {co.name: co.stats.as_dict()
+                for co in (self._reserve, self._record, self._confirm, self._fail, self._outcome)}
