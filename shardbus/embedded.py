@@ -9,6 +9,7 @@ rather than only on a Unix socket, so that tools and other processes can reach i
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import warnings
@@ -300,18 +302,27 @@ def _pg_bin() -> Path:
     return POSTGRES_BIN_PATH
 
 
-def _pg_user() -> str | None:
-    """The system user PostgreSQL runs as (None: as ourselves, when we are not root)."""
+USERADD_LOCK = Path(tempfile.gettempdir()) / "shardbus-useradd.lock"
+"""Held while the PostgreSQL system user is looked up and made: on a fresh machine the suite's
+workers (and a ``shardbus up`` beside them) start PostgreSQL at once, and concurrent ``useradd``
+calls fail (exit 9, name taken; exit 10, the group file locked by the other)."""
+
+
+def _pg_user(name: str = PG_SYSTEM_USER) -> str | None:
+    """The system user PostgreSQL runs as (None: as ourselves, when we are not root), made on
+    first use; one process at a time makes it."""
     if os.geteuid() != 0:
         return None
     import pwd
 
-    try:
-        pwd.getpwnam(PG_SYSTEM_USER)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "-s", "/usr/sbin/nologin",
-                        PG_SYSTEM_USER], check=True, capture_output=True)
-    return PG_SYSTEM_USER
+    with open(USERADD_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(["useradd", "--system", "--no-create-home", "-s", "/usr/sbin/nologin", name],
+                           check=True, capture_output=True)
+    return name
 
 
 def _run_as(user: str | None, cwd: Path) -> dict[str, Any]:
