@@ -66,7 +66,7 @@ class Tokens:
 # hop per request for a few microseconds of work.
 def _caller(request: Request) -> Caller:
     tokens: Tokens = request.app.state.tokens
-    # A browser's WebSocket cannot set headers: the feed also takes ?token= (see feed.py).
+    # A browser's WebSocket cannot set headers: the feed also takes ?token= (see feed/routes.py).
     return tokens.caller(request.headers.get("authorization"))
 
 

@@ -16,10 +16,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.web import console_actions, console_routes, feed, installer_routes, ledger_routes, sidecar_routes
+from services.web import installer_routes, ledger_routes
 from services.web.auth import Tokens
+from services.web.console import actions as console_actions
+from services.web.console import routes as console_routes
+from services.web.feed import routes as feed_routes
 from services.web.relay import error
 from services.web.settings import WebSettings
+from services.web.sidecar import routes as sidecar_routes
 
 PROTOCOL_VERSION = 7
 """The shard protocol the door's sidecar routes speak (the sidecar seed's PROTOCOL_VERSION)."""
@@ -76,7 +80,7 @@ def build_http_app(settings: WebSettings, nc: Any = None) -> FastAPI:
 
     # The sidecar's routes first: the drop-in path is the hot one, and routes match in order.
     sidecar_routes.register(app.router)
-    for router in (ledger_routes.router, installer_routes.router, feed.router):
+    for router in (ledger_routes.router, installer_routes.router, feed_routes.router):
         app.include_router(router)
     # The operator's console (docs/console.md): HTML pages behind a session cookie.
     for router in (console_routes.router, console_actions.router):

@@ -31,7 +31,7 @@ class WebSettings(CommonSettings):
     web_max_body_bytes: int = Field(default=1024 * 1024, ge=1024,
                                     description="Largest request body accepted (413 above).")
 
-    # --- the live feed (feed.py, feed_stream.py) ---
+    # --- the live feed (feed/routes.py, feed/stream.py) ---
     frames_stream: str = Field(default="SHARD_FRAMES",
                                description="JetStream stream that keeps every frame.")
     board_bucket_prefix: str = Field(default="BOARD",

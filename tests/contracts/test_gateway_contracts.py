@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from services.gateway.app import create_app
 from services.gateway.settings import GatewaySettings
-from services.web.sidecar_reply import NO_REPLY, board_answer, command_answer
+from services.web.sidecar.reply import NO_REPLY, board_answer, command_answer
 from shardbus.status import _shards
 from shared import subjects
 from shared.contracts import gateway as g

@@ -837,7 +837,7 @@ async def test_the_web_door_relays_reports_and_sweeps_and_builds_its_feed_but_fo
     # Its feed: the stream WEB_FEED, sourcing SHARD_FRAMES and the ledger's LEDGER_EVENTS (which
     # the ledger creates), read through consumers of its own.
     from services.ledger.event_stream import declare_events_stream
-    from services.web.feed_stream import FeedStream
+    from services.web.feed.stream import FeedStream
     from services.web.settings import WebSettings
 
     await declare_events_stream(ledger.nc.jetstream())

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from services.web import console_auth
+from services.web.console import auth as console_auth
 from tests.web.conftest import MODULE_TOKENS, OPERATOR_TOKEN, WEBSITE_TOKEN
 
 

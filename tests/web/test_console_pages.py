@@ -17,9 +17,10 @@ from typing import Any
 
 import httpx
 
-from services.web import console_auth, console_runs
-from services.web.console_runs import RunFilter
-from services.web.console_shards import _rates
+from services.web.console import auth as console_auth
+from services.web.console import runs as console_runs
+from services.web.console.runs import RunFilter
+from services.web.console.shards import _rates
 from shared import subjects
 from tests.ledger.conftest import db, ledger, ledger_db  # noqa: F401 — fixtures
 from tests.web.conftest import OPERATOR_TOKEN

@@ -26,9 +26,9 @@ from websockets.frames import Frame, Opcode
 from websockets.uri import parse_uri
 
 from services.ledger.event_stream import declare_events_stream
-from services.web import feed_stream
-from services.web.feed_filter import FeedFilter, consumer_filters
-from services.web.feed_hub import FeedHub
+from services.web.feed import stream as feed_stream
+from services.web.feed.filter import FeedFilter, consumer_filters
+from services.web.feed.hub import FeedHub
 from simulator.seed_wire import GUILD_UPDATE
 from tests.gateway.conftest import wait_until
 from tests.web.conftest import MODULE_TOKENS, OPERATOR_TOKEN, WEBSITE_TOKEN, RunningDoor

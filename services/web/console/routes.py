@@ -16,18 +16,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 from pydantic import ValidationError
 
-from services.web import (
-    console_auth,
-    console_boards,
-    console_leases,
-    console_pages,
-    console_run,
-    console_runs,
-    console_shards,
-)
-from services.web.console_nats import ask
-from services.web.console_pages import render
-from services.web.console_words import CLEANUP, RUN
+from services.web.console import auth, boards, leases, pages, run, runs, shards
+from services.web.console.pages import render
+from services.web.console.reads import ask
+from services.web.console.words import CLEANUP, RUN
 from shared import subjects
 from shared.contracts import installer as c
 from shared.contracts.ids import LEDGER_ID_PATTERN, RUN_ID_MAX, is_ledger_id, is_shard_id
@@ -38,7 +30,7 @@ router = APIRouter(include_in_schema=False)
 LOGIN_FAILURE_DELAY_S = 0.5
 """A refused token is answered after this long (guessing is slow)."""
 
-STATIC = Path(__file__).with_name("console_static")
+STATIC = Path(__file__).with_name("static")
 _STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
 _STATIC_FILES = {p.name: (p.read_bytes(), _STATIC_TYPES[p.suffix]) for p in STATIC.iterdir()
                  if p.suffix in _STATIC_TYPES}
@@ -46,12 +38,12 @@ _STATIC_FILES = {p.name: (p.read_bytes(), _STATIC_TYPES[p.suffix]) for p in STAT
 
 def _page(request: Request) -> Response | None:
     """None when the request has a session (kept in ``request.state``); else the way to log in."""
-    console_pages.started(request)
-    nonce = console_auth.session(request)
+    pages.started(request)
+    nonce = auth.session(request)
     if nonce is None:
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         return RedirectResponse("/console/login?" + urlencode({"next": target}), status_code=HTTPStatus.SEE_OTHER,
-                                headers=console_pages.SECURITY_HEADERS)
+                                headers=pages.SECURITY_HEADERS)
     request.state.console_nonce = nonce
     return None
 
@@ -73,7 +65,7 @@ async def console_home() -> Response:
 
 @router.get("/console/login")
 async def login_page(request: Request, next: str | None = None) -> Response:
-    if console_auth.session(request) is not None:
+    if auth.session(request) is not None:
         return RedirectResponse(_next(next), status_code=HTTPStatus.SEE_OTHER)
     return render(request, "login.html", next=_next(next), error=None)
 
@@ -81,27 +73,27 @@ async def login_page(request: Request, next: str | None = None) -> Response:
 @router.post("/console/login")
 async def login(request: Request) -> Response:
     form = await _form(request)
-    refused = console_auth.check_token(request, form.get("token", ""))
+    refused = auth.check_token(request, form.get("token", ""))
     target = _next(form.get("next"))
     if refused is not None:
         await asyncio.sleep(LOGIN_FAILURE_DELAY_S)
         return render(request, "login.html", status=HTTPStatus.UNAUTHORIZED, next=target, error=refused)
-    response = RedirectResponse(target, status_code=HTTPStatus.SEE_OTHER, headers=console_pages.SECURITY_HEADERS)
-    response.set_cookie(console_auth.COOKIE, console_auth.new_session(request), max_age=console_auth.SESSION_S,
-                        **console_auth.cookie_flags(request))
+    response = RedirectResponse(target, status_code=HTTPStatus.SEE_OTHER, headers=pages.SECURITY_HEADERS)
+    response.set_cookie(auth.COOKIE, auth.new_session(request), max_age=auth.SESSION_S,
+                        **auth.cookie_flags(request))
     return response
 
 
 @router.post("/console/logout")
 async def logout(request: Request) -> Response:
     form = await _form(request)
-    nonce = console_auth.session(request)
-    if nonce is not None and form.get("csrf") != console_auth.csrf_token(request, nonce):
+    nonce = auth.session(request)
+    if nonce is not None and form.get("csrf") != auth.csrf_token(request, nonce):
         return render(request, "login.html", status=HTTPStatus.FORBIDDEN, next="/console/runs",
                       error="the logout form is stale: reload the page and log out again")
     response = RedirectResponse("/console/login", status_code=HTTPStatus.SEE_OTHER,
-                                headers=console_pages.SECURITY_HEADERS)
-    response.delete_cookie(console_auth.COOKIE, **console_auth.cookie_flags(request))
+                                headers=pages.SECURITY_HEADERS)
+    response.delete_cookie(auth.COOKIE, **auth.cookie_flags(request))
     return response
 
 
@@ -122,39 +114,39 @@ def _fragment(request: Request, page: str, fragment: str) -> str:
 
 
 @router.get("/console/runs")
-async def runs(request: Request) -> Response:
+async def runs_page(request: Request) -> Response:
     if (login_first := _page(request)) is not None:
         return login_first
-    f = console_runs.RunFilter.parse(request.query_params)
+    f = runs.RunFilter.parse(request.query_params)
     feed = "types=ledger" + (f"&shards={f.shard}" if f.shard else "")
     if request.query_params.get("fragment") == "1":  # a live reload of the list: the list only
-        result = await console_runs.runs_page(request, f)
+        result = await runs.runs_page(request, f)
         return render(request, "_runs.html", page="runs", f=f, result=result)
-    result, leases = await asyncio.gather(console_runs.runs_page(request, f),
-                                          console_leases.overdue(request, console_leases.ON_RUNS_PAGE, brief=True))
-    return render(request, "runs.html", page="runs", f=f, result=result, leases=leases, feed=feed,
+    result, overdue = await asyncio.gather(runs.runs_page(request, f),
+                                           leases.overdue(request, leases.ON_RUNS_PAGE, brief=True))
+    return render(request, "runs.html", page="runs", f=f, result=result, leases=overdue, feed=feed,
                   run_statuses=list(RUN), cleanup_statuses=list(CLEANUP))
 
 
 @router.get("/console/leases")
-async def leases(request: Request) -> Response:
+async def leases_page(request: Request) -> Response:
     if (login_first := _page(request)) is not None:
         return login_first
     brief = request.query_params.get("brief") == "1"
-    found = await console_leases.overdue(request, console_leases.ON_RUNS_PAGE if brief else console_leases.LISTED,
+    found = await leases.overdue(request, leases.ON_RUNS_PAGE if brief else leases.LISTED,
                                          brief=brief)
     return render(request, _fragment(request, "leases.html", "_leases.html"), page="leases", leases=found)
 
 
 @router.get("/console/runs/{run_id}")
-async def run(request: Request, run_id: str, after: str | None = None) -> Response:
+async def run_page(request: Request, run_id: str, after: str | None = None) -> Response:
     if (login_first := _page(request)) is not None:
         return login_first
     if not is_ledger_id(run_id):
-        view = console_run.RunView(run_id[:RUN_ID_MAX], error=f"a run id must match {LEDGER_ID_PATTERN}")
+        view = run.RunView(run_id[:RUN_ID_MAX], error=f"a run id must match {LEDGER_ID_PATTERN}")
         return render(request, "run.html", status=HTTPStatus.NOT_FOUND, page="runs", view=view, feed="", after=None)
     after_id = int(after) if after and after.isdigit() and len(after) < 19 else None
-    view = await console_run.run_view(request, run_id, after_id)
+    view = await run.run_view(request, run_id, after_id)
     shard = view.run.get("shard")
     feed = "types=ledger" + (f"&shards={shard}" if is_shard_id(shard) else "")
     status = HTTPStatus.NOT_FOUND if view.error and view.error.startswith(str(HTTPStatus.NOT_FOUND)) else HTTPStatus.OK
@@ -163,44 +155,44 @@ async def run(request: Request, run_id: str, after: str | None = None) -> Respon
 
 
 @router.get("/console/calendar")
-async def calendar(request: Request) -> Response:
+async def calendar_page(request: Request) -> Response:
     if (login_first := _page(request)) is not None:
         return login_first
-    cal = console_runs.Calendar.parse(request.query_params, datetime.now(UTC).date())
-    cal = await console_runs.calendar(request, cal)
+    cal = runs.Calendar.parse(request.query_params, datetime.now(UTC).date())
+    cal = await runs.calendar(request, cal)
     return render(request, _fragment(request, "calendar.html", "_calendar.html"), page="calendar", cal=cal)
 
 
 @router.get("/console/shards")
-async def shards(request: Request) -> Response:
+async def shards_page(request: Request) -> Response:
     if (login_first := _page(request)) is not None:
         return login_first
-    (rows, error), (letters, letters_error) = await asyncio.gather(console_shards.shard_rows(request),
-                                                                   console_shards.dead_letters(request))
+    (rows, error), (letters, letters_error) = await asyncio.gather(shards.shard_rows(request),
+                                                                   shards.dead_letters(request))
     return render(request, _fragment(request, "shards.html", "_shards.html"), page="shards", shards=rows,
-                  error=error, letters=letters, letters_error=letters_error, silent_s=console_shards.SILENT_S)
+                  error=error, letters=letters, letters_error=letters_error, silent_s=shards.SILENT_S)
 
 
 @router.get("/console/boards")
-async def boards(request: Request, shard: str | None = None) -> Response:
+async def boards_page(request: Request, shard: str | None = None) -> Response:
     if (login_first := _page(request)) is not None:
         return login_first
     fragment = request.query_params.get("fragment") == "1"
     connected: list[str] = []
     if not (fragment and shard):  # a live reload knows its shard: no gateway.status round
-        rows, _error = await console_shards.shard_rows(request)
+        rows, _error = await shards.shard_rows(request)
         connected = [r["shard"] for r in rows]
     problem = None
     if shard and not is_shard_id(shard):
         shard, problem = None, "shard: not a shard id ([a-z0-9_-]{1,32})"
     shard = shard or (connected[0] if connected else None)
-    items = await console_boards.read_all(request, shard) if shard else []
+    items = await boards.read_all(request, shard) if shard else []
     return render(request, _fragment(request, "boards.html", "_boards.html"), page="boards", shard=shard,
                   connected=connected, boards=items, shard_problem=problem)
 
 
 @router.get("/console/module")
-async def module(request: Request) -> Response:
+async def module_page(request: Request) -> Response:
     if (login_first := _page(request)) is not None:
         return login_first
     answer = await ask(request, subjects.INSTALLER_LIST, c.ListRequest().wire(), "installer")

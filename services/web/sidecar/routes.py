@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 
 from services.web import nats_calls, relay
 from services.web.auth import Caller, website
-from services.web.sidecar_reply import NO_REPLY, NOT_CONNECTED, board_answer, command_answer
+from services.web.sidecar.reply import NO_REPLY, NOT_CONNECTED, board_answer, command_answer
 from shared import subjects
 from shared.contracts.ids import is_shard_id
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from fastapi import Request
 
-from services.web import console_time
-from services.web.console_nats import ask
+from services.web.console import times
+from services.web.console.reads import ask
 from shared import subjects
 
 ON_RUNS_PAGE = 10
@@ -42,7 +42,7 @@ async def overdue(request: Request, limit: int, brief: bool = False) -> Overdue:
         return Overdue(error=answer.error, brief=brief)
     rows = [r for r in answer.reply.get("resources") or [] if isinstance(r, dict)]
     for row in rows:
-        row["_deadline"] = console_time.parse(row.get("leaseDeadline"))
+        row["_deadline"] = times.parse(row.get("leaseDeadline"))
     count = answer.reply.get("count")
     count = count if isinstance(count, int) and not isinstance(count, bool) else len(rows)
     return Overdue(max(count, len(rows)), rows, brief=brief)

@@ -21,9 +21,9 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
-from services.web import console_auth
-from services.web.feed import open_event_stream
-from services.web.feed_filter import FeedFilter, FeedQueryError, sequence
+from services.web.console import auth
+from services.web.feed.filter import FeedFilter, FeedQueryError, sequence
+from services.web.feed.routes import open_event_stream
 from services.web.installer_routes import INSTALL_TIMEOUT_S, MODULE_ID_RULE, REMOVE_TIMEOUT_S, ask_installer
 from services.web.ledger_routes import CLEANUP_TIMEOUT_S
 from services.web.relay import json_object, relay
@@ -33,8 +33,8 @@ from shared.contracts.ids import LEDGER_ID_PATTERN, REQUEST_ID_PATTERN, is_ledge
 
 router = APIRouter(include_in_schema=False)
 
-Change = Annotated[str, Depends(console_auth.operator_change)]
-Reader = Annotated[str, Depends(console_auth.operator_api)]
+Change = Annotated[str, Depends(auth.operator_change)]
+Reader = Annotated[str, Depends(auth.operator_api)]
 Body = Annotated[dict[str, Any], Depends(json_object)]
 
 PROGRESS_MAX_S = INSTALL_TIMEOUT_S

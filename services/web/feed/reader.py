@@ -1,5 +1,5 @@
 """One feed client's read side: an ordered pull consumer on the feed stream that fills the
-client's queue (feed_queue.py) only while it has room. Plain (no FastAPI, no FastStream).
+client's queue (queue.py) only while it has room. Plain (no FastAPI, no FastStream).
 
 Pull, not push: the door asks NATS for at most what the client's queue can take, within the
 door's pull budget, so a client that falls behind (or replays a day) is paced by its own reading
@@ -24,8 +24,8 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from services.web.feed_queue import MIN_PULL_BYTES, FeedQueue, PullBudget
-from services.web.feed_stream import API_TIMEOUT_S, STREAM_NOT_FOUND, FeedEvent, FeedStream, FeedUnavailable
+from services.web.feed.queue import MIN_PULL_BYTES, FeedQueue, PullBudget
+from services.web.feed.stream import API_TIMEOUT_S, STREAM_NOT_FOUND, FeedEvent, FeedStream, FeedUnavailable
 
 log = logging.getLogger("shardbus.web.feed")
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi import Request
 
-from services.web.console_nats import ask
+from services.web.console.reads import ask
 from shared import subjects
 
 BOARDS = ("guilds", "market", "houses", "champions", "news", "ruleset", "points", "governor")

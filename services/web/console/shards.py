@@ -19,8 +19,8 @@ import nats.errors
 import nats.js.errors
 from fastapi import Request
 
-from services.web import console_time
-from services.web.console_nats import gather
+from services.web.console import times
+from services.web.console.reads import gather
 from shared import subjects
 from shared.contracts.ids import is_shard_id
 
@@ -64,7 +64,7 @@ def _rates(samples: dict[str, deque[Sample]], shard: dict[str, Any], now: float)
         minutes = (now - base.at) / 60
         return ((current.frames - base.frames) / minutes, (current.dead_letters - base.dead_letters) / minutes,
                 f"last {now - base.at:.0f} s")
-    connected = console_time.parse(shard.get("connectedAt"))
+    connected = times.parse(shard.get("connectedAt"))
     if connected is None:
         return 0.0, 0.0, "unknown"
     minutes = max((now - connected.timestamp()) / 60, 1 / 60)
@@ -92,11 +92,11 @@ async def shard_rows(request: Request) -> tuple[list[dict[str, Any]], str | None
             frames_min, dead_min, over = _rates(samples, shard, now)
             silent = shard.get("silentForS")
             silent_s = float(silent) if isinstance(silent, (int, float)) and not isinstance(silent, bool) else None
-            last = console_time.parse(shard.get("lastLineAt"))
+            last = times.parse(shard.get("lastLineAt"))
             rows.append({**shard, "framesPerMin": frames_min, "deadLettersPerMin": dead_min, "rateOver": over,
                          "silent": silent_s is not None and silent_s >= SILENT_S,
-                         "lastLine": last, "lastLineAgo": console_time.ago(silent_s),
-                         "connected": console_time.parse(shard.get("connectedAt"))})
+                         "lastLine": last, "lastLineAgo": times.ago(silent_s),
+                         "connected": times.parse(shard.get("connectedAt"))})
     rows.sort(key=lambda r: r["shard"])
     return rows, None
 
@@ -131,5 +131,5 @@ async def dead_letters(request: Request) -> tuple[list[dict[str, Any]], str | No
         reason = (msg.headers or {}).get("Shardbus-Reason", "no reason given")
         letters.append({"seq": msg.seq, "shard": parts[1] if len(parts) == 3 else "?", "reason": reason,
                         "line": line if len(line) <= LINE_CHARS else line[:LINE_CHARS] + "…",
-                        "at": msg.time, "ago": console_time.since(msg.time)})
+                        "at": msg.time, "ago": times.since(msg.time)})
     return letters, None

@@ -1,6 +1,6 @@
 """The door's feed clients: the bookkeeping (:class:`FeedHub`, ``app.state.feed``: clients,
 their queues, the drops), the start of a client's feed at its cursor, and the loop that writes
-its events while watching that it keeps taking them. Plain: feed.py adapts it to WebSocket
+its events while watching that it keeps taking them. Plain: routes.py adapts it to WebSocket
 and SSE.
 
 A client that takes nothing for ``web_feed_stall_s`` while events wait is dropped with the
@@ -18,10 +18,10 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.web.feed_filter import FeedFilter, consumer_filters
-from services.web.feed_queue import FeedQueue, PullBudget
-from services.web.feed_reader import FeedReader
-from services.web.feed_stream import FeedEvent, FeedStream
+from services.web.feed.filter import FeedFilter, consumer_filters
+from services.web.feed.queue import FeedQueue, PullBudget
+from services.web.feed.reader import FeedReader
+from services.web.feed.stream import FeedEvent, FeedStream
 from services.web.settings import WebSettings
 from shared import subjects
 

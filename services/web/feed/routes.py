@@ -5,7 +5,7 @@ it with nothing missed or repeated. docs/web.md, "Live feed", is the contract.
 
 This module is the HTTP side: who may read (a header, or ``?token=`` since a browser's
 WebSocket and EventSource cannot set one), the query, and the two transports. The clients'
-bookkeeping and writing loop are feed_hub.py's; reading from NATS, feed_reader.py's.
+bookkeeping and writing loop are hub.py's; reading from NATS, reader.py's.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from services.web.auth import Caller
-from services.web.feed_filter import FeedFilter, FeedQueryError, sequence
-from services.web.feed_hub import FeedClient, FeedFull, FeedHub
-from services.web.feed_stream import FeedEvent, FeedUnavailable
+from services.web.feed.filter import FeedFilter, FeedQueryError, sequence
+from services.web.feed.hub import FeedClient, FeedFull, FeedHub
+from services.web.feed.stream import FeedEvent, FeedUnavailable
 
 log = logging.getLogger("shardbus.web.feed")
 router = APIRouter()

@@ -29,9 +29,9 @@ from typing import Any
 
 from fastapi import Request
 
-from services.web import console_time
-from services.web.console_nats import ask
-from services.web.console_words import CLEANUP, RUN
+from services.web.console import times
+from services.web.console.reads import ask
+from services.web.console.words import CLEANUP, RUN
 from shared import subjects
 from shared.contracts.ids import is_shard_id
 from shared.contracts.ledger_statuses import CLEANUP_INCOMPLETE as INCOMPLETE
@@ -91,10 +91,10 @@ class RunFilter:
             f.shard = shard
         for name in ("from", "to"):
             text = query.get(name)
-            when = console_time.form_value(text)
+            when = times.form_value(text)
             if text and text.strip() and when is None:
                 f.problems.append(f"{name}: not a time")
-            elif when is not None and console_time.to_ms(when) is None:
+            elif when is not None and times.to_ms(when) is None:
                 f.problems.append(f"{name}: not between 1970 and 9999")
                 when = None
             setattr(f, "start" if name == "from" else "end", when)
@@ -119,15 +119,15 @@ class RunFilter:
     def ledger_body(self) -> dict[str, Any]:
         """The filters as ``ledger.runs`` takes them (without the cleanup status, set per list)."""
         body: dict[str, Any] = {"status": self.status, "shard": self.shard,
-                                "startsFrom": self.start and console_time.to_ms(self.start),
-                                "startsBefore": self.end and console_time.to_ms(self.end)}
+                                "startsFrom": self.start and times.to_ms(self.start),
+                                "startsBefore": self.end and times.to_ms(self.end)}
         return {k: v for k, v in body.items() if v is not None}
 
     def query(self, **changes: Any) -> dict[str, str]:
         """The page's query string values (for links), with ``changes``."""
         values = {"status": self.status, "cleanupStatus": self.cleanup, "shard": self.shard,
-                  "from": self.start and console_time.form_text(self.start),
-                  "to": self.end and console_time.form_text(self.end),
+                  "from": self.start and times.form_text(self.start),
+                  "to": self.end and times.form_text(self.end),
                   "after": self.position and f"{self.position[0]}:{self.position[1] or ''}",
                   "page": self.page if self.position else None}
         values.update(changes)
@@ -204,7 +204,7 @@ class Calendar:
 
     @property
     def start(self) -> datetime:
-        return console_time.day_start(self.first)
+        return times.day_start(self.first)
 
     @property
     def end(self) -> datetime:
@@ -245,8 +245,8 @@ class Calendar:
             else:
                 problems.append(f"days: a number from 1 to {CALENDAR_DAYS_MAX}")
         cal = cls(first, days, problems=problems)
-        start_ms = console_time.to_ms(cal.start)
-        if start_ms is None or start_ms + days * 86_400_000 > console_time.MS_MAX:
+        start_ms = times.to_ms(cal.start)
+        if start_ms is None or start_ms + days * 86_400_000 > times.MS_MAX:
             cal.problems.append("start: not between 1970 and 9999")
             cal.first = today
         return cal
@@ -255,8 +255,8 @@ class Calendar:
 async def calendar(request: Request, cal: Calendar) -> Calendar:
     """Fill ``cal`` with the runs whose schedule overlaps its days (the ledger's order: by
     ``startsAt``), each on the day it starts (or the first day shown, when it began before)."""
-    body: dict[str, Any] = {"startsFrom": console_time.to_ms(cal.start),
-                            "startsBefore": console_time.to_ms(cal.end), "limit": LEDGER_LIMIT}
+    body: dict[str, Any] = {"startsFrom": times.to_ms(cal.start),
+                            "startsBefore": times.to_ms(cal.end), "limit": LEDGER_LIMIT}
     found: list[dict[str, Any]] = []
     for _page in range(CALENDAR_PAGES):
         answer = await ask(request, subjects.LEDGER_RUNS, body, "ledger")
@@ -273,12 +273,12 @@ async def calendar(request: Request, cal: Calendar) -> Calendar:
                          "(show fewer days)")
     days: dict[date, list[dict[str, Any]]] = {}
     for run in found:
-        starts = console_time.parse(run.get("startsAt"))
+        starts = times.parse(run.get("startsAt"))
         if starts is None:  # the ledger lists scheduled runs only; this would be a ledger's bug
             continue
         run["_starts"] = starts
         run["_before"] = starts < cal.start
-        run["_ends"] = console_time.parse(run.get("endsAt"))
+        run["_ends"] = times.parse(run.get("endsAt"))
         days.setdefault(max(starts, cal.start).date(), []).append(run)
     cal.by_day = sorted(days.items())
     return cal

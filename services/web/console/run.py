@@ -13,9 +13,9 @@ from typing import Any
 
 from fastapi import Request
 
-from services.web import console_time
-from services.web.console_nats import ask
-from services.web.console_words import log_word
+from services.web.console import times
+from services.web.console.reads import ask
+from services.web.console.words import log_word
 from shared import subjects
 
 ROWS_PER_PAGE = 200
@@ -100,6 +100,6 @@ async def _timeline(request: Request, view: RunView) -> None:
         view.log_more = after is not None
     newest = entries[::-1][:TIMELINE_MAX]
     view.log_left_out = len(entries) - len(newest)
-    view.timeline = [{"at": console_time.parse(e.get("at")), "kind": e.get("kind"), "word": log_word(e.get("kind")),
+    view.timeline = [{"at": times.parse(e.get("at")), "kind": e.get("kind"), "word": log_word(e.get("kind")),
                       "resourceId": e.get("resourceId"), "detail": detail_text(e.get("detail"))}
                      for e in newest]

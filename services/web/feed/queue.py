@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from services.web.feed_stream import FeedEvent
+from services.web.feed.stream import FeedEvent
 
 MIN_PULL_BYTES = 16 * 1024
 """The least share of the pull budget one request takes."""
@@ -93,7 +93,7 @@ class PullBudget:
     exceed what the server buffers for one connection (``max_pending``, 64 MiB by default) and
     be cut off as a slow consumer. Each request takes at most its share (the budget over the
     readers, at least MIN_PULL_BYTES) and gives it back when it is over; readers ask for little
-    while idle and more while their pulls fill up (feed_reader.py), so idle clients hold little."""
+    while idle and more while their pulls fill up (reader.py), so idle clients hold little."""
 
     def __init__(self, total: int) -> None:
         self.total = self.free = total

@@ -1,4 +1,4 @@
-"""The console's HTML: Jinja2 templates (services/web/console_templates) rendered with
+"""The console's HTML: Jinja2 templates (services/web/console/templates) rendered with
 autoescaping — every value from a shard, a website or a module is escaped — and sent with a
 strict Content-Security-Policy (scripts and styles from the console's own static files only,
 no inline script, style or event handler), no caching, and a ``Server-Timing`` header."""
@@ -15,9 +15,9 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from services.web import console_auth, console_time, console_words
+from services.web.console import auth, times, words
 
-TEMPLATES = Path(__file__).with_name("console_templates")
+TEMPLATES = Path(__file__).with_name("templates")
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -37,10 +37,10 @@ NAV = (("runs", "/console/runs", "Runs"), ("calendar", "/console/calendar", "Cal
 _env = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(["html"], default=True),
                    trim_blocks=True, lstrip_blocks=True, auto_reload=False)
 _env.globals.update(
-    nav=NAV, run_badge=console_words.run_badge, cleanup_badge=console_words.cleanup_badge,
-    resource_badge=console_words.resource_badge, module_badge=console_words.module_badge,
-    shown=console_time.shown, since=console_time.since, parse_time=console_time.parse,
-    form_text=console_time.form_text, qs=lambda values: urlencode(values),
+    nav=NAV, run_badge=words.run_badge, cleanup_badge=words.cleanup_badge,
+    resource_badge=words.resource_badge, module_badge=words.module_badge,
+    shown=times.shown, since=times.since, parse_time=times.parse,
+    form_text=times.form_text, qs=lambda values: urlencode(values),
 )
 
 
@@ -60,7 +60,7 @@ def headers(request: Request) -> dict[str, str]:
 def render(request: Request, template: str, status: int = HTTPStatus.OK, **context: Any) -> HTMLResponse:
     """``template`` with ``context``, the session's CSRF token and the page's security headers."""
     nonce = getattr(request.state, "console_nonce", None)
-    context.setdefault("csrf", console_auth.csrf_token(request, nonce) if nonce else "")
+    context.setdefault("csrf", auth.csrf_token(request, nonce) if nonce else "")
     context.setdefault("fragment", request.query_params.get("fragment") == "1")
     html = _env.get_template(template).render(request=request, **context)
     return HTMLResponse(html, status_code=status, headers=headers(request))
