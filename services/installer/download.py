@@ -4,8 +4,11 @@ Every URL (the first and each redirect's target) must be https on a host of the
 allowlist. A body is read as a stream with a size cap, so an oversized or endless answer
 is cut off rather than held; an artifact's chunks go, with its sha256 computed on the way,
 to a sink (the installer's inspects the archive as it arrives and writes it to disk). An
-unreachable host or a 5xx answer is retried with back-off (tenacity) and is a 502 at the end;
-a 4xx is a 400 at once. Every refusal carries the upstream body, if any.
+unreachable host, a 5xx answer, a body that ends before its Content-Length and a try that
+outlasts its deadline (``SHARDBUS_FETCH_TIMEOUT_S`` for the whole try: every redirect, the
+headers and the body, so a host trickling a byte at a time is cut there) are retried with
+back-off (tenacity) and are a 502 at the end; a 4xx is a 400 at once. Every refusal carries the
+upstream body, if any.
 
 The fetcher is synchronous, on the standard library's ``http.client``, and meant to run in
 a worker thread (``asyncio.to_thread``), keeping the event loop free for requests and lock
@@ -19,7 +22,9 @@ from __future__ import annotations
 import hashlib
 import http.client
 import re
+import socket
 import ssl
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -70,6 +75,65 @@ class _Transient(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class _Try:
+    """One attempt's deadline over its whole course. Socket timeouts bound each read, and a host
+    sending a byte just inside each would hold a read for ever: at the deadline a timer shuts the
+    connection in use down, so a read blocked on it returns at once."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._timer = threading.Timer(timeout_s, self._cut)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Try:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._timer.cancel()
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def expired(self) -> bool:
+        return self.remaining() <= 0
+
+    def watch(self, sock: socket.socket) -> None:
+        """``sock`` is the one in use from now on (a redirect opens another). The socket, not its
+        connection: http.client hands a closing response's socket over and forgets it."""
+        with self._lock:
+            self._sock = sock
+        if self.expired():
+            self._cut()
+
+    def _cut(self) -> None:
+        with self._lock:
+            sock = self._sock
+            if sock is not None:
+                try:
+                    # The plain socket's shutdown, not the TLS wrapper's: that one would drop
+                    # the TLS state under a read running in the fetching thread.
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                except OSError:
+                    pass  # already closed
+
+    def timed_out(self, what: str, url: str) -> _Transient:
+        return _Transient(f"the {what} {url} timed out: no whole answer within {self.timeout_s:g} s "
+                          "(SHARDBUS_FETCH_TIMEOUT_S, for the whole try)")
+
+    def check_whole(self, what: str, url: str, size: int, declared: int | None) -> None:
+        """After the body's last read: a try cut by its deadline, or a body shorter than its
+        Content-Length (http.client reads that as a plain end), is worth another try, never a
+        sha256 mismatch."""
+        if self.expired():
+            raise self.timed_out(what, url)
+        if declared is not None and size < declared:
+            raise _Transient(f"the {what} {url} ended after {size} of its {declared} bytes")
 
 
 def check_url(url: str, allowed_hosts: list[str], what: str) -> SplitResult:
@@ -134,18 +198,18 @@ class Fetcher:
         check_url(url, self.allowed_hosts, "manifest")
 
         def attempt() -> bytes:
-            chunks, size, deadline = [], 0, time.monotonic() + self.timeout_s
-            with self._open(url, "manifest") as response:
-                if (_declared_length(response) or 0) > max_bytes:
+            chunks: list[bytes] = []
+            size = 0
+            with _Try(self.timeout_s) as this_try, self._open(url, "manifest", this_try) as response:
+                declared = _declared_length(response)
+                if (declared or 0) > max_bytes:
                     raise Refused(BAD_INPUT, f"the manifest at {url} is larger than {max_bytes} bytes")
                 while chunk := response.read(max_bytes + 1 - size):
                     size += len(chunk)
                     if size > max_bytes:
                         raise Refused(BAD_INPUT, f"the manifest at {url} is larger than {max_bytes} bytes")
-                    if time.monotonic() > deadline:
-                        raise Refused(UPSTREAM_FAILED, f"fetching the manifest {url} took longer than "
-                                                       f"{self.timeout_s} s")
                     chunks.append(chunk)
+                this_try.check_whole("manifest", url, size, declared)
             return b"".join(chunks)
 
         return self._retrying(attempt, url, "manifest")
@@ -160,7 +224,7 @@ class Fetcher:
             digest, size = hashlib.sha256(), 0
             sink = make_sink()
             try:
-                with self._open(url, "artifact") as response:
+                with _Try(self.timeout_s) as this_try, self._open(url, "artifact", this_try) as response:
                     total = _declared_length(response)
                     if total is not None and total > max_bytes:
                         raise Refused(BAD_INPUT, f"the artifact at {url} is {total} bytes, over the cap of "
@@ -173,6 +237,7 @@ class Fetcher:
                         sink.write(chunk)
                         if progress is not None:
                             progress(size, total)
+                    this_try.check_whole("artifact", url, size, total)
             except BaseException:
                 sink.abort()
                 raise
@@ -197,23 +262,27 @@ class Fetcher:
                 from None
 
     @contextmanager
-    def _open(self, url: str, what: str) -> Iterator[http.client.HTTPResponse]:
+    def _open(self, url: str, what: str, this_try: _Try) -> Iterator[http.client.HTTPResponse]:
         """A 2xx response for ``url`` (body unread), following redirects only to allowed https hosts.
-        Network failures, also while the caller reads the body, become :class:`_Transient`."""
+        Network failures, also while the caller reads the body, become :class:`_Transient`; so
+        does the try's deadline passing."""
         current = url
         for _hop in range(MAX_REDIRECTS + 1):
             parsed = check_url(current, self.allowed_hosts, what if current == url else f"{what} redirect")
             assert parsed.hostname is not None  # check_url refuses a URL naming no host
-            connection = http.client.HTTPSConnection(parsed.hostname, parsed.port, timeout=self.timeout_s,
+            if this_try.expired():
+                raise this_try.timed_out(what, url)
+            connection = http.client.HTTPSConnection(parsed.hostname, parsed.port,
+                                                     timeout=min(self.timeout_s, this_try.remaining()),
                                                      context=self._tls)
             try:
-                response = self._get(connection, parsed, what)
+                response = self._get(connection, parsed, what, this_try, url)
                 if response.status in REDIRECTS and response.getheader("location"):
                     current = urljoin(current, response.getheader("location"))
                     continue
                 if response.status >= HTTPStatus.BAD_REQUEST or response.status < HTTPStatus.OK:
                     said = f"{current} answered {response.status}"
-                    body = _excerpt(self._read_network(response, 4 * BODY_EXCERPT_CHARS, parsed))
+                    body = _excerpt(self._read_network(response, 4 * BODY_EXCERPT_CHARS, parsed, this_try, url))
                     said += f": {body}" if body else ""
                     if response.status >= HTTPStatus.INTERNAL_SERVER_ERROR:
                         raise _Transient(said)
@@ -221,6 +290,8 @@ class Fetcher:
                 try:
                     yield response
                 except (TimeoutError, ConnectionError, ssl.SSLError, http.client.HTTPException) as exc:
+                    if this_try.expired():
+                        raise this_try.timed_out(what, url) from None
                     raise _Transient(f"{parsed.hostname} cut the {what} off ({type(exc).__name__}: {exc})") \
                         from None
                 return
@@ -229,9 +300,13 @@ class Fetcher:
         raise Refused(BAD_INPUT, f"the {what} URL {url} redirected more than {MAX_REDIRECTS} times")
 
     @staticmethod
-    def _get(connection: http.client.HTTPSConnection, parsed: SplitResult, what: str) -> http.client.HTTPResponse:
+    def _get(connection: http.client.HTTPSConnection, parsed: SplitResult, what: str, this_try: _Try,
+             url: str) -> http.client.HTTPResponse:
         target = (parsed.path or "/") + (f"?{parsed.query}" if parsed.query else "")
         try:
+            connection.connect()
+            assert connection.sock is not None  # connect() made it or raised
+            this_try.watch(connection.sock)
             # identity: the bytes hashed are the bytes the manifest's sha256 is about, and no
             # transfer decoding can expand a small answer into a large one.
             connection.request("GET", target, headers={"Accept-Encoding": "identity",
@@ -241,11 +316,16 @@ class Fetcher:
             raise Refused(UPSTREAM_FAILED, f"the {what} host {parsed.hostname} has a TLS certificate this "
                                            f"installer does not trust ({exc.verify_message})") from None
         except (OSError, http.client.HTTPException) as exc:
+            if this_try.expired():
+                raise this_try.timed_out(what, url) from None
             raise _Transient(f"{parsed.hostname} unreachable ({type(exc).__name__}: {exc})") from None
 
     @staticmethod
-    def _read_network(response: http.client.HTTPResponse, size: int, parsed: SplitResult) -> bytes:
+    def _read_network(response: http.client.HTTPResponse, size: int, parsed: SplitResult, this_try: _Try,
+                      url: str) -> bytes:
         try:
             return response.read(size)
         except (OSError, http.client.HTTPException) as exc:
+            if this_try.expired():
+                raise this_try.timed_out("answer", url) from None
             raise _Transient(f"{parsed.hostname} cut its answer off ({type(exc).__name__}: {exc})") from None

@@ -51,7 +51,8 @@ class InstallerSettings(CommonSettings):
         default=200.0, gt=1, description="Highest unpacked/compressed ratio accepted (zip-bomb guard)."
     )
     fetch_timeout_s: float = Field(
-        default=20.0, gt=0, description="Timeout of each connect/read when fetching; the whole manifest too."
+        default=20.0, gt=0, description="Deadline of one whole fetch try (redirects, headers and body; "
+        "raise it for large artifacts on slow links); a try past it is retried."
     )
     fetch_attempts: int = Field(
         default=3, ge=1, description="Tries of a fetch when the host is unreachable or answers 5xx."

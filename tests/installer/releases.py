@@ -77,6 +77,11 @@ class Route:
     """Wait this long before answering (a slow or hung host)."""
     fail_first: int = 0
     """Answer this many requests with 503 and an error body before answering as above."""
+    cut_first: int = 0
+    """Announce the whole body but hang up after ``cut_at`` bytes of it, this many requests."""
+    cut_at: int = 0
+    trickle_s: float = 0.0
+    """Send the body a byte at a time, pausing this long between bytes (until the client hangs up)."""
 
 
 class ReleaseServer:
@@ -85,6 +90,8 @@ class ReleaseServer:
     def __init__(self, cert_chain: Path, key: Path) -> None:
         self.routes: dict[str, Route] = {}
         self.hits: Counter[str] = Counter()
+        self.sent: dict[str, list[int]] = {}
+        """Body bytes each request to a path was sent before the answer ended or the client hung up."""
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -102,12 +109,27 @@ class ReleaseServer:
                 for name, value in headers.items():
                     self.send_header(name, value)
                 self.end_headers()
+                sent = server.sent.setdefault(self.path, [])
+                sent.append(0)
                 if route.body_file:
                     with open(route.body_file, "rb") as body:
                         while chunk := body.read(1 << 20):
                             self.wfile.write(chunk)
+                            sent[-1] += len(chunk)
+                elif route.cut_first > 0:
+                    route.cut_first -= 1
+                    self.wfile.write(route.body[:route.cut_at])
+                    sent[-1] += route.cut_at
+                    self.close_connection = True
+                elif route.trickle_s:
+                    for i in range(len(route.body)):
+                        self.wfile.write(route.body[i:i + 1])
+                        self.wfile.flush()
+                        sent[-1] += 1
+                        time.sleep(route.trickle_s)
                 else:
                     self.wfile.write(route.body)
+                    sent[-1] += len(route.body)
 
             def log_message(self, *args: object) -> None:
                 pass

@@ -119,3 +119,66 @@ def test_a_host_that_does_not_answer_in_time_is_a_502(releases, ca_file, unique)
         fetcher.fetch_manifest(url, 4096)
     assert refused.value.status == 502 and "timed out" in refused.value.message
     assert releases.hits[f"/{unique}/slow.json"] == 2
+
+
+async def test_an_artifact_cut_short_of_its_content_length_is_fetched_again_and_installed(site, releases, unique):
+    url = releases.release(f"/{unique}", "uo-events", "1.4.0")
+    artifact = releases.routes[f"/{unique}/uo-events-1.4.0.tar.gz"]
+    artifact.cut_first, artifact.cut_at = 1, len(artifact.body) // 2
+    assert (await site.install(url))["action"] == "installed"
+    assert releases.sent[f"/{unique}/uo-events-1.4.0.tar.gz"] == [len(artifact.body) // 2, len(artifact.body)]
+
+
+async def test_an_artifact_always_cut_short_is_a_502_saying_where_it_ended_not_a_sha256_mismatch(
+        site, releases, unique):
+    url = releases.release(f"/{unique}", "uo-events", "1.4.0")
+    artifact = releases.routes[f"/{unique}/uo-events-1.4.0.tar.gz"]
+    artifact.cut_first, artifact.cut_at = 10, 100
+    refused = await _refusal(site, url)
+    assert refused.status == 502 and "after 3 attempts" in refused.message
+    assert f"ended after 100 of its {len(artifact.body)} bytes" in refused.message
+    assert "sha256" not in refused.message
+    assert snapshot(Path(site.settings.modules_dir)) == {}
+
+
+def test_a_manifest_cut_short_is_fetched_again(releases, ca_file, unique):
+    manifest = b'{"id": "uo-events", "version": "1.0.0"}'
+    url = releases.serve(f"/{unique}/m.json", manifest)
+    releases.routes[f"/{unique}/m.json"].cut_first, releases.routes[f"/{unique}/m.json"].cut_at = 1, 10
+    fetcher = Fetcher(["127.0.0.1"], ca_file=str(ca_file[0]), timeout_s=5, attempts=2, retry_wait_s=0.01)
+    assert fetcher.fetch_manifest(url, 4096) == manifest
+    assert releases.sent[f"/{unique}/m.json"] == [10, len(manifest)]
+
+
+class _Discard:
+    """A sink that keeps nothing."""
+
+    def write(self, chunk: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+TRICKLED = b"{" + b" " * 400 + b"}"
+"""A body that takes 8 s a try at a byte per 20 ms, each byte well inside any read timeout."""
+
+
+@pytest.mark.parametrize("what", ["manifest", "artifact"])
+def test_a_host_trickling_a_byte_at_a_time_is_cut_at_the_deadline_of_the_whole_try(
+        releases, ca_file, unique, what):
+    url = releases.serve(f"/{unique}/{what}", TRICKLED)
+    releases.routes[f"/{unique}/{what}"].trickle_s = 0.02
+    fetcher = Fetcher(["127.0.0.1"], ca_file=str(ca_file[0]), timeout_s=0.5, attempts=2, retry_wait_s=0.01)
+    with pytest.raises(Refused) as refused:
+        if what == "manifest":
+            fetcher.fetch_manifest(url, 4096)
+        else:
+            fetcher.fetch_artifact(url, 4096, _Discard)
+    assert refused.value.status == 502 and "after 2 attempts" in refused.value.message
+    assert "timed out: no whole answer within 0.5 s" in refused.value.message
+    sent = releases.sent[f"/{unique}/{what}"]
+    assert len(sent) == 2 and all(n < len(TRICKLED) for n in sent)
