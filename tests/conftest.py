@@ -142,7 +142,8 @@ def _calls(code: tuple[ast.AST, ...]) -> tuple[bool, bool]:
 
 
 COST_REASON = pytest.StashKey[str]()
-"""Why :func:`cost_of` chose the marker: ``path``, ``fixture``, ``calls`` or ``none`` (unit)."""
+"""Why :func:`cost_of` chose the marker: ``path``, ``fixture``, ``calls`` (the guard checks them
+out), ``wider fixture's calls`` or ``none`` (unit)."""
 
 
 def cost_of(item: pytest.Item) -> tuple[str, str]:
@@ -157,19 +158,23 @@ def cost_of(item: pytest.Item) -> tuple[str, str]:
     names = set(getattr(item, "fixturenames", ()))
     if names & PROCESS_FIXTURES:
         return "system", "fixture"
-    code = list(_reached_code(item.obj)) if hasattr(item, "obj") else []
+    # The test's own calls, and those of its function-scoped fixtures, happen while it runs (the
+    # guard sees them); a wider fixture's may have happened for an earlier test.
+    own = list(_reached_code(item.obj)) if hasattr(item, "obj") else []
+    wider: list[ast.AST] = []
     info = getattr(item, "_fixtureinfo", None)
     for defs in (info.name2fixturedefs.values() if info else ()):
         for fixturedef in defs:  # the project's fixtures (not pytest's, not the guard below)
             if fixturedef.func.__module__.startswith("tests.") and fixturedef.argname != "_cost_marker_guard":
-                code.extend(_reached_code(fixturedef.func))
-    spawns, starts_server = _calls(tuple(code))
-    if spawns:
-        return "system", "calls"
+                (own if fixturedef.scope == "function" else wider).extend(_reached_code(fixturedef.func))
+    own_spawns, own_server = _calls(tuple(own))
+    wider_spawns, wider_server = _calls(tuple(wider))
+    if own_spawns or wider_spawns:
+        return "system", "calls" if own_spawns else "wider fixture's calls"
     if names & SERVER_FIXTURES:
         return "integration", "fixture"
-    if starts_server:
-        return "integration", "calls"
+    if own_server or wider_server:
+        return "integration", "calls" if own_server else "wider fixture's calls"
     return "unit", "none"
 
 
