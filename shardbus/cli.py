@@ -8,8 +8,9 @@ environment win.
 
 An outage is a sentence, never a traceback: a command that cannot reach NATS or the database
 says so (without the URL's password) and exits 1; one whose NATS connection is lost while it
-waits for an answer says that at once instead of waiting out its timeout. ``shardbus run``
-ends within :data:`STOP_TIMEOUT_S` of SIGTERM or Ctrl-C, whatever NATS does meanwhile.
+waits for an answer says that at once instead of waiting out its timeout
+(``shardbus/nats_for_commands.py``). ``shardbus run`` ends within
+``shardbus.process_stop.STOP_TIMEOUT_S`` of SIGTERM or Ctrl-C, whatever NATS does meanwhile.
 """
 
 from __future__ import annotations
@@ -18,92 +19,23 @@ import argparse
 import asyncio
 import importlib
 import logging
-import os
 import signal
 import sys
-import threading
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
 from shardbus import registry
+from shardbus.process_stop import StopDeadline
 
 DESCRIPTION = ("The bridge between game shards and their communities' websites, over NATS: run the whole "
                "system (up), one service (run), the ledger's migrations (migrate), and ask what is running "
                "(status).")
 """What ``shardbus --help`` says first: plain text (the docstring above is for readers of the code)."""
 
-STOP_TIMEOUT_S = 8.0
-"""A service ends at most this long after SIGTERM (or SIGINT), NATS away or not: its stop
-(in-flight requests get ``shared.broker.STOP_GRACE_S``, then NATS is drained, or closed when it
-is away) normally takes well under it; past it the process exits anyway. Below the 10 s that
-compose (``stop_grace_period``), ``shardbus up`` and the tests give before a SIGKILL."""
-
 TEMPFAIL_EXIT_CODE = 75
 """How ``shardbus run`` exits when the service cannot go on because NATS or (the ledger's) database
 is unreachable — e.g. at start (EX_TEMPFAIL: try again; compose and ``shardbus up`` restart it)."""
-
-
-# --- NATS, for the commands that ask a running service -------------------------------------
-
-class NatsAway(Exception):
-    """NATS could not be reached, or the connection closed before the answer came; the message
-    is the sentence to print (no password)."""
-
-
-def nats_failure(servers: list[str] | str, exc: BaseException) -> str:
-    """What to print when connecting to NATS failed with ``exc``: ``cannot reach NATS at <url>``
-    for an outage, else what the server said; any password masked."""
-    import nats.errors
-
-    from shared.logs import redact
-
-    where = redact(servers if isinstance(servers, str) else ",".join(servers))
-    if isinstance(exc, (nats.errors.NoServersError, nats.errors.ConnectionClosedError,
-                        nats.errors.StaleConnectionError, OSError, asyncio.TimeoutError)):
-        return f"cannot reach NATS at {where}"
-    return f"NATS at {where} refused the connection: {redact(str(exc)) or type(exc).__name__}"
-
-
-async def quiet(_exc: Exception) -> None:
-    """An ``error_cb`` for commands: nats-py logs every failed connection attempt; the command
-    says it once instead."""
-
-
-class ClosedWatch:
-    """Its :meth:`on_closed` is a ``closed_cb`` remembering that the connection closed for good
-    (its reconnect attempts ran out, or reconnecting was off), so a command waiting for an
-    answer stops waiting."""
-
-    def __init__(self) -> None:
-        self.closed = asyncio.Event()
-
-    async def on_closed(self) -> None:
-        self.closed.set()
-
-
-async def request_while_connected(nc: Any, watch: ClosedWatch, subject: str, data: bytes, timeout: float,
-                                  lost: str) -> Any:
-    """``nc.request``, but raising :class:`NatsAway` (``lost``) as soon as the connection closes:
-    nats-py would leave the request waiting out its whole timeout for an answer that can no
-    longer come."""
-    import nats.errors
-
-    request = asyncio.ensure_future(nc.request(subject, data, timeout=timeout))
-    closed = asyncio.ensure_future(watch.closed.wait())
-    try:
-        await asyncio.wait({request, closed}, return_when=asyncio.FIRST_COMPLETED)
-        if request.done():
-            try:
-                return request.result()
-            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError,
-                    nats.errors.OutboundBufferLimitError, nats.errors.StaleConnectionError) as exc:
-                raise NatsAway(lost) from exc
-        raise NatsAway(lost)
-    finally:
-        for task in (request, closed):
-            task.cancel()
-        await asyncio.gather(request, closed, return_exceptions=True)
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
@@ -136,43 +68,6 @@ def _nats_nodes_arg(value: str) -> int:
         raise argparse.ArgumentTypeError(f"{value!r}: a NATS cluster has 1, 3 or 5 nodes "
                                          "(an odd number, so a majority survives a lost node)")
     return int(value)
-
-
-class StopDeadline:
-    """Once a stop is asked for (SIGTERM, SIGINT), the process ends within ``timeout_s`` even if
-    the orderly stop hangs: nats-py on Python 3.11 can swallow a task's cancellation while it
-    reconnects (``asyncio.wait_for`` returns a connect attempt that finished in the same
-    instant), leaving a reconnect loop that outlives ``asyncio.run``. A daemon timer thread
-    logs one line and ``os._exit``s half a second before ``timeout_s`` (the time to exit); it
-    cannot be held up by the event loop."""
-
-    EXIT_MARGIN_S = 0.5
-
-    def __init__(self, service: str, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        self.service, self.timeout_s = service, timeout_s
-        self._timer: threading.Timer | None = None
-
-    @property
-    def armed(self) -> bool:
-        """Whether a stop was asked for."""
-        return self._timer is not None
-
-    def arm(self) -> None:
-        if self._timer is None:
-            self._timer = threading.Timer(self.timeout_s - self.EXIT_MARGIN_S, self._expire)
-            self._timer.daemon = True
-            self._timer.start()
-
-    def disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-
-    def _expire(self) -> None:
-        logging.getLogger("shardbus").warning(
-            "stop did not finish in time; exiting anyway", extra={"stop_timeout_s": self.timeout_s})
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        os._exit(0)
 
 
 async def serve(app: Any, deadline: StopDeadline) -> None:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO
 
 from shardbus import embedded, registry, stack_env
-from shardbus.cli import STOP_TIMEOUT_S
+from shardbus.process_stop import STOP_TIMEOUT_S
 from shared.broker import health_file_is_fresh
 
 DATABASE = "shardbus"
@@ -442,7 +442,7 @@ class Stack:
         for child in self.children:
             if child.proc and child.proc.poll() is None:
                 child.proc.send_signal(signal.SIGTERM)
-        # Each ends within shardbus.cli.STOP_TIMEOUT_S of its SIGTERM, NATS away or not; the
+        # Each ends within STOP_TIMEOUT_S of its SIGTERM, NATS away or not; the
         # margin covers a loaded machine, then it is killed.
         for child in self.children:
             if child.proc:

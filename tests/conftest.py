@@ -9,7 +9,9 @@ its own handle; the servers also die with the test run if it is killed (PDEATHSI
 Every test is also given one cost marker here (docs/architecture.md, "The test suite"):
 ``faults`` (tests/faults), ``system`` (starts service processes, ``shardbus`` commands or
 the stack), ``integration`` (talks to a real server, starts no process of ours) or ``unit``
-(neither). A guard fails a test that does more than its marker says.
+(neither), from its folder, the fixtures it requests, and what its code calls (read with
+:mod:`ast`: a comment or a string does not count). A guard fails a test that starts more than
+its marker says, and one whose marker came from what it calls that did not start it.
 """
 
 from __future__ import annotations
@@ -49,12 +51,15 @@ SERVER_FIXTURES = frozenset({"nats_url", "postgres_admin_url", "database_url", "
 PROCESS_FIXTURES = frozenset({"services"})
 """Fixtures that start service processes."""
 
-SPAWNS_PROCESS = ("sys.executable", "ServiceProcesses(", "services.start(")
-"""Source text of a test (or of a fixture or same-module helper it uses) that starts a
-process of ours: ``python -m shardbus …``, a service, a ``-c`` script."""
+PROCESS_STARTERS = frozenset({"ServiceProcesses"})
+"""Callables of ours that start service processes (tests/processes.py)."""
 
-STARTS_SERVER = ("start_nats(", "start_nats_cluster(", "start_postgres(")
-"""Source text that starts a server of the test's own (a nats-server, a PostgreSQL)."""
+SUBPROCESS_CALLS = frozenset({"run", "Popen", "check_call", "check_output", "call", "create_subprocess_exec"})
+"""``subprocess``/``asyncio`` calls: with ``sys.executable`` among their arguments they start a
+Python process of ours (``python -m shardbus …``, a service, a ``-c`` script)."""
+
+SERVER_STARTERS = frozenset({"start_nats", "start_nats_cluster", "start_postgres"})
+"""``shardbus.embedded`` calls that start a server of the test's own (a nats-server, a PostgreSQL)."""
 
 
 @cache
@@ -80,53 +85,97 @@ def _names(node: ast.AST) -> set[str]:
 
 
 @cache
-def _reached_source(func: Any) -> str:
-    """The source of ``func`` and of every top-level function or class of its module that it
+def _reached_code(func: Any) -> tuple[ast.AST, ...]:
+    """The code of ``func`` and of every top-level function or class of its module that it
     uses, directly or through another one."""
     func = inspect.unwrap(func)
     try:
         path = inspect.getsourcefile(func)
-        source = textwrap.dedent(inspect.getsource(func))
-    except (OSError, TypeError):
-        return ""
+        tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+    except (OSError, TypeError, SyntaxError):
+        return ()
     if path is None:
-        return source
+        return (tree,)
     helpers = _module_functions(path)
-    texts = [source]
-    todo = list(_names(ast.parse(source)))
+    reached: list[ast.AST] = [tree]
+    todo = list(_names(tree))
     seen: set[str] = {getattr(func, "__name__", "")}
     while todo:
         name = todo.pop()
         if name in seen or name not in helpers:
             continue
         seen.add(name)
-        texts.append(ast.unparse(helpers[name]))
+        reached.append(helpers[name])
         todo.extend(_names(helpers[name]))
-    return "\n".join(texts)
+    return tuple(reached)
 
 
-def cost_of(item: pytest.Item) -> str:
-    """The cost marker of ``item``: see the module's docstring."""
+def _called(node: ast.Call) -> str:
+    """The name a call calls: ``f`` of ``f(…)`` and of ``a.b.f(…)``."""
+    if isinstance(node.func, ast.Name):
+        return node.func.id
+    return node.func.attr if isinstance(node.func, ast.Attribute) else ""
+
+
+def _is_sys_executable(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "executable" and isinstance(node.value, ast.Name) \
+        and node.value.id == "sys"
+
+
+def _calls(code: tuple[ast.AST, ...]) -> tuple[bool, bool]:
+    """(whether ``code`` calls something that starts a process of ours, whether it calls
+    something that starts a server): calls only — a comment, a docstring or a string naming
+    ``sys.executable`` or ``start_nats`` does not count."""
+    spawns = starts_server = False
+    for tree in code:
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            name = _called(node)
+            if name in PROCESS_STARTERS or (name in SUBPROCESS_CALLS and any(
+                    _is_sys_executable(sub) for arg in (*node.args, *(kw.value for kw in node.keywords))
+                    for sub in ast.walk(arg))):
+                spawns = True
+            elif name in SERVER_STARTERS:
+                starts_server = True
+    return spawns, starts_server
+
+
+COST_REASON = pytest.StashKey[str]()
+"""Why :func:`cost_of` chose the marker: ``path``, ``fixture``, ``calls`` (the guard checks them
+out), ``wider fixture's calls`` or ``none`` (unit)."""
+
+
+def cost_of(item: pytest.Item) -> tuple[str, str]:
+    """The cost marker of ``item`` and why (see the module's docstring): its folder, else the
+    fixtures it requests (their whole closure), else what its code, its same-module helpers and
+    the project's fixtures it uses call."""
     parts = Path(str(item.path)).parts
     if "faults" in parts and "tests" in parts:
-        return "faults"
+        return "faults", "path"
     if "system" in parts and "tests" in parts:
-        return "system"
+        return "system", "path"
     names = set(getattr(item, "fixturenames", ()))
     if names & PROCESS_FIXTURES:
-        return "system"
-    texts = [_reached_source(item.obj)] if hasattr(item, "obj") else []
+        return "system", "fixture"
+    # The test's own calls, and those of its function-scoped fixtures, happen while it runs (the
+    # guard sees them); a wider fixture's may have happened for an earlier test.
+    own = list(_reached_code(item.obj)) if hasattr(item, "obj") else []
+    wider: list[ast.AST] = []
     info = getattr(item, "_fixtureinfo", None)
     for defs in (info.name2fixturedefs.values() if info else ()):
         for fixturedef in defs:  # the project's fixtures (not pytest's, not the guard below)
             if fixturedef.func.__module__.startswith("tests.") and fixturedef.argname != "_cost_marker_guard":
-                texts.append(_reached_source(fixturedef.func))
-    text = "\n".join(texts)
-    if any(pattern in text for pattern in SPAWNS_PROCESS):
-        return "system"
-    if names & SERVER_FIXTURES or any(pattern in text for pattern in STARTS_SERVER):
-        return "integration"
-    return "unit"
+                (own if fixturedef.scope == "function" else wider).extend(_reached_code(fixturedef.func))
+    own_spawns, own_server = _calls(tuple(own))
+    wider_spawns, wider_server = _calls(tuple(wider))
+    if own_spawns or wider_spawns:
+        return "system", "calls" if own_spawns else "wider fixture's calls"
+    if names & SERVER_FIXTURES:
+        return "integration", "fixture"
+    if own_server or wider_server:
+        return "integration", "calls" if own_server else "wider fixture's calls"
+    return "unit", "none"
 
 
 STACK_GROUP = "whole-stack"
@@ -152,15 +201,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     set up once, or :data:`STACK_GROUP`."""
     for item in items:
         if not any(item.get_closest_marker(name) for name in COST_MARKERS):
-            item.add_marker(cost_of(item))
+            marker, item.stash[COST_REASON] = cost_of(item)
+            item.add_marker(marker)
         path = str(item.path)
         item.add_marker(pytest.mark.xdist_group(STACK_GROUP if _starts_stacks(path) else path))
 
 
 # The guard: a process started during a test (set-up and tear-down included) is seen through
 # Python's audit hook for subprocess.Popen (asyncio's subprocesses go through it too). A `unit`
-# test may start none, an `integration` test no Python process (a service, `shardbus …`).
+# test may start none, an `integration` test no Python process (a service, `shardbus …`). And a
+# marker chosen for what a test's code calls must be borne out when the test passes: `system`
+# started a Python process of ours, `integration` a server.
 _spawned: list[list[str]] | None = None
+
+CALL_PASSED = pytest.StashKey[bool]()
+"""Whether the test's own call (not its set-up or tear-down) passed."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    report = yield
+    if report.when == "call":
+        item.stash[CALL_PASSED] = report.passed
+    return report
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
@@ -194,6 +257,13 @@ def _cost_marker_guard(request: pytest.FixtureRequest) -> Iterator[None]:
     if node.get_closest_marker("integration") and any(_ours(argv) for argv in spawned):
         started = next(argv for argv in spawned if _ours(argv))
         pytest.fail(f"marked integration but started {started!r}: tests/conftest.py cost_of is wrong for it")
+    if node.stash.get(COST_REASON, "") == "calls" and node.stash.get(CALL_PASSED, False):
+        if node.get_closest_marker("system") and not any(_ours(argv) for argv in spawned):
+            pytest.fail("marked system for what its code calls, but started no process of ours: "
+                        "tests/conftest.py cost_of is wrong for it")
+        if node.get_closest_marker("integration") and not spawned:
+            pytest.fail("marked integration for what its code calls, but started no server: "
+                        "tests/conftest.py cost_of is wrong for it")
 
 
 # --- servers -----------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ ASK_TIMEOUT_S = 600.0
 async def _ask(subject: str, payload: dict[str, Any]) -> dict[str, Any]:
     import nats
 
-    from shardbus.cli import ClosedWatch, quiet, request_while_connected
+    from shardbus.nats_for_commands import ClosedWatch, quiet, request_while_connected
     from shared.nats_connect import connection_name, inbox_prefix
     from shared.settings import CommonSettings
 
@@ -52,7 +52,7 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
     from nats.errors import TimeoutError as NatsTimeoutError
     from pydantic import BaseModel, ValidationError
 
-    from shardbus.cli import NatsAway, nats_failure
+    from shardbus.nats_for_commands import NatsAway, nats_failure
     from shared import subjects
     from shared.contracts.cleanup import ReconcileRequest, RetryRequest, SweepRequest
     from shared.replies import describe_validation_error

@@ -90,7 +90,7 @@ async def _ask_installer(args: argparse.Namespace, request: c.InstallerRequest) 
     could not be reached at all (said on stderr)."""
     import nats.errors
 
-    from shardbus.cli import ClosedWatch, nats_failure, quiet
+    from shardbus.nats_for_commands import ClosedWatch, nats_failure, quiet
 
     servers = CommonSettings().nats_servers()
     watch = ClosedWatch()
@@ -118,7 +118,7 @@ async def _ask_installer(args: argparse.Namespace, request: c.InstallerRequest) 
 async def _call(nc: Any, watch: Any, subject: str, request: c.InstallerRequest, timeout: float) -> dict[str, Any]:
     from nats.errors import NoRespondersError
 
-    from shardbus.cli import NatsAway, request_while_connected
+    from shardbus.nats_for_commands import NatsAway, request_while_connected
 
     try:
         message = await request_while_connected(

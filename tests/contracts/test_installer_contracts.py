@@ -25,6 +25,7 @@ from services.installer.app import create_app
 from services.installer.settings import InstallerSettings
 from shared import subjects
 from shared.contracts import installer as c
+from tests.contracts.asyncapi_docs import served
 from tests.contracts.fields import unnamed_fields
 from tests.installer.conftest import ca_file, releases, settings  # noqa: F401 — fixtures
 from tests.web.conftest import OPERATOR_TOKEN, RunningDoor, start_door  # noqa: F401 — fixtures
@@ -123,12 +124,8 @@ def test_the_installer_serves_each_subject_with_the_contracts_request_model(cont
     # payload is the model its handler takes, in its queue group.
     app = create_app(InstallerSettings(modules_dir=str(tmp_path / "modules")))
     document = app.schema.to_specification().to_jsonable()
-    channels = [ch for ch in document["channels"].values() if ch.get("address") == contract.subject]
-    assert len(channels) == 1, f"{contract.subject} is not served exactly once"
-    assert channels[0]["bindings"]["nats"]["queue"] == contract.queue
-    [ref] = channels[0]["messages"].values()
-    message = document["components"]["messages"][ref["$ref"].rsplit("/", 1)[1]]
-    schema_name = message["payload"]["$ref"].rsplit("/", 1)[1]
+    channel, schema_name = served(document, contract.subject)
+    assert channel["bindings"]["nats"]["queue"] == contract.queue
     if not contract.request.model_fields:  # installer.list takes nothing: its handler reads no body
         assert document["components"]["schemas"][schema_name] == {"title": "EmptyPayload", "type": "null"}
         return

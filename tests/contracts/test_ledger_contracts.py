@@ -5,11 +5,8 @@ asking with the same models. Real NATS, real PostgreSQL, the real ledger."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
 
 import pytest
 from pydantic import ValidationError
@@ -19,10 +16,10 @@ from services.cleanup.port import NatsPort
 from shared import subjects
 from shared.contracts import ledger as c
 from shared.contracts import ledger_statuses as st
+from tests.contracts.asyncapi_docs import committed, served
 from tests.contracts.fields import unnamed_fields
 from tests.ledger.conftest import LedgerClient
 
-ROOT = Path(__file__).resolve().parents[2]
 BY_SUBJECT = {contract.subject: contract for contract in c.CONTRACTS}
 
 
@@ -39,12 +36,8 @@ def test_every_ledger_request_subject_has_exactly_one_contract():
 def test_the_ledger_serves_each_subject_with_the_contracts_request_model(contract):
     # The AsyncAPI document is generated from the ledger's handlers (tests/system/test_asyncapi.py
     # keeps it current): each subject's payload is the model its handler validates with.
-    document = json.loads((ROOT / "docs" / "asyncapi" / "ledger.json").read_text())
-    channels = [ch for ch in document["channels"].values() if ch["address"] == contract.subject]
-    assert len(channels) == 1, f"{contract.subject} is not served exactly once"
-    message = document["components"]["messages"][unquote(channels[0]["messages"]["SubscribeMessage"]["$ref"]
-                                                         .rsplit("/", 1)[1])]
-    schema_name = message["payload"]["$ref"].rsplit("/", 1)[1]
+    document = committed("ledger")
+    _channel, schema_name = served(document, contract.subject)
     if contract.subject == subjects.LEDGER_EXPIRED_PATTERN:
         # Read leniently (SPEC 3): any body, a malformed expiry answers {expired: 0}.
         assert "properties" not in document["components"]["schemas"][schema_name]

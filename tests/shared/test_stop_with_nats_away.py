@@ -1,4 +1,4 @@
-"""SIGTERM ends every service within ``shardbus.cli.STOP_TIMEOUT_S`` while NATS is away —
+"""SIGTERM ends every service within ``shardbus.process_stop.STOP_TIMEOUT_S`` while NATS is away —
 stopped (the client is reconnecting) or hung (SIGSTOP: the socket looks alive and nothing
 answers) — exiting 0 without a traceback; and even a stop that can never finish (a task that
 swallows its cancellation, as nats-py's reconnect loop can on Python 3.11) ends in time.
@@ -17,7 +17,7 @@ import time
 import pytest
 
 from shardbus import embedded
-from shardbus.cli import STOP_TIMEOUT_S
+from shardbus.process_stop import STOP_TIMEOUT_S
 from shared.broker import health_file_is_fresh
 from tests.processes import ServiceProcesses
 
