@@ -19,10 +19,11 @@ from faststream.nats import NatsBroker
 from pydantic import BaseModel
 
 from services.ledger import console, expiry, migrate, resources, runs, statuses, sweep
-from services.ledger.dispatcher import Dispatcher, HotSubject
+from services.ledger.dispatcher import Dispatcher, Handler, HotSubject
 from services.ledger.event_stream import declare_events_stream
-from services.ledger.hot_subjects import HOT, Batching, HotActions
+from services.ledger.hot_subjects import Batching, HotActions
 from services.ledger.outbox_relay import OutboxRelay, stop_task
+from services.ledger.request_paths import SERVED, Served
 from services.ledger.settings import LedgerSettings
 from services.ledger.store import Change, Database, DatabaseUnavailable, LedgerError, is_outage
 from shared import replies, subjects
@@ -178,8 +179,9 @@ def register_handlers(broker: NatsBroker, db: Database, concurrency: int,
     ``concurrency`` requests at once (one at a time would make every commit wait for the one
     before it). ``committed`` hears of each request's changes, to wake the outbox relay.
 
-    The hot subjects (``hot_subjects.HOT``) are not subscribed here: their handlers, the same
-    ones, are returned for the dispatcher, and declared on ``document`` for the AsyncAPI document."""
+    The subjects ``request_paths.SERVED`` gives the dispatcher are not subscribed here: their
+    handlers, the same ones, are returned for it, and declared on ``document`` for the AsyncAPI
+    document."""
 
     def page_bytes() -> int:
         # Pages (console, live rows, claims, runs) fit the connected server's max_payload.
@@ -298,7 +300,7 @@ def register_handlers(broker: NatsBroker, db: Database, concurrency: int,
         if "{" in contract.subject:
             continue  # the module-token subjects below take the module from the subject
         handler = answering(actions.pop(contract.subject), contract.request, committed)
-        if contract.subject in HOT:
+        if SERVED[contract.subject] is Served.DISPATCHER:
             hot.append(HotSubject(contract.subject, contract.request, handler))
             document.subscriber(contract.subject, queue=subjects.LEDGER_QUEUE)(handler)
         else:
@@ -329,7 +331,7 @@ def register_handlers(broker: NatsBroker, db: Database, concurrency: int,
 
 
 def answering(action: Callable[[Any], Awaitable[Answer]], request: type[BaseModel],
-              committed: Callable[[list[Change]], None]) -> Callable[..., Awaitable[dict[str, Any] | bytes]]:
+              committed: Callable[[list[Change]], None]) -> Handler:
     """The handler of one subject: validate the body with the contract's ``request`` model,
     act, tell ``committed`` what changed, reply 200 with the action's fields. Named after the
     action (the AsyncAPI document's channel names come from it)."""

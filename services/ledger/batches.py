@@ -1,6 +1,6 @@
 """The hot subjects' changes for many requests at once, one statement a batch: reserve or record
-(``queries.ADD_RESOURCES``), confirm or fail (``queries.TRANSITIONS``) and the one-row give-back
-outcomes (``queries.OUTCOMES``, which was a batch already). Each is the single-row statement
+(``queries/resources.py``: ADD_RESOURCES), confirm or fail (TRANSITIONS) and the one-row give-back
+outcomes (``queries/sweep.py``: OUTCOMES, which was a batch already). Each is the single-row statement
 over ``unnest`` arrays: the same guards, the same log entry and outbox event per changed row,
 all in one commit. A request the statement did not change is :data:`~services.ledger.coalescer.UNCHANGED`:
 the single-row path (``resources.py``, ``sweep.py``) answers it, with its replay, 409 or 404.
@@ -14,8 +14,10 @@ import json
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from services.ledger import queries, statuses
+from services.ledger import statuses
 from services.ledger.coalescer import UNCHANGED
+from services.ledger.queries.resources import ADD_RESOURCES, TRANSITIONS
+from services.ledger.queries.sweep import OUTCOMES
 from services.ledger.resources import cut
 from services.ledger.statuses import Outcome, Transition
 from services.ledger.store import Change, Database, Json, resource_changes, rows
@@ -59,7 +61,7 @@ async def add_resources(db: Database, bodies: Sequence[c.AddResource], confirmed
               "terminal": list(statuses.RUN_TERMINAL), "log_kind": step.log_kind,
               "reopen_to": statuses.REOPEN.to, "reopen_from": list(statuses.REOPEN.allowed)}
     async with db.connect() as conn:
-        changes = resource_changes(await rows(conn, queries.ADD_RESOURCES, params))
+        changes = resource_changes(await rows(conn, ADD_RESOURCES, params))
     return _answers(bodies, _by(changes, "idempotencyKey"), [b.idempotency_key for b in bodies])
 
 
@@ -74,7 +76,7 @@ async def transitions(db: Database, given: Sequence[tuple[int, str | None]], ste
     if step.to is None:
         raise ValueError(f"{step.name} has no fixed target status")
     async with db.connect() as conn:
-        changes = resource_changes(await rows(conn, queries.TRANSITIONS, {
+        changes = resource_changes(await rows(conn, TRANSITIONS, {
             "ids": [row_id for row_id, _ in given], "errors": [cut(error) for _, error in given],
             "to": step.to, "allowed": list(step.allowed), "log_kind": step.log_kind}))
     return _answers(given, _by(changes, "resourceId"), [row_id for row_id, _ in given])
@@ -84,7 +86,7 @@ async def outcomes(db: Database, given: Sequence[tuple[int, Outcome, str | None]
     """Record each one-row give-back outcome ``(resource id, outcome, error)`` in one statement
     (``sweep.reverted``, ``drifted``, ``failed`` for many; ids distinct)."""
     async with db.connect() as conn:
-        result = await rows(conn, queries.OUTCOMES, outcome_params(
+        result = await rows(conn, OUTCOMES, outcome_params(
             [(row_id, outcome, cut(error)) for row_id, outcome, error in given]))
     changes = resource_changes([row for row in result if row["run"] is not None])
     return _answers(given, _by(changes, "resourceId"), [row_id for row_id, _, _ in given])

@@ -7,15 +7,25 @@ Replies that list rows are pages: at most ``limit`` rows and at most :data:`PAGE
 in id order, so that no reply outgrows a NATS message whatever the rows hold. A page that left
 rows out says where to go on: ``next`` is the last id it holds, to be sent back as ``after``
 (``next`` is null on the last page). A page always holds at least one row when one is left, and
-one row always fits (``queries.REVERT_INLINE_MAX``)."""
+one row always fits (``queries/fragments.py``: REVERT_INLINE_MAX)."""
 
 from __future__ import annotations
 
 import json
 from http import HTTPStatus
 
-from services.ledger import queries, statuses
-from services.ledger.queries import DETAIL_INLINE_MAX, REVERT_INLINE_MAX
+from services.ledger import statuses
+from services.ledger.queries.console import (
+    CONSOLE_PAGE,
+    DETAIL_INLINE_MAX,
+    LEASES_OVERDUE,
+    LIVE_MODULES,
+    LIVE_PAGE,
+    LOG_PAGE,
+    RUNS_BY_SCHEDULE,
+    RUNS_NEWEST,
+)
+from services.ledger.queries.fragments import REVERT_INLINE_MAX
 from services.ledger.store import Database, NotFound, read_first, read_one
 from shared.contracts.ledger import RUNS_CURSOR, ListRuns
 
@@ -53,7 +63,7 @@ async def console(db: Database, run_id: str, after: int | None = None, limit: in
     NotFound: the run, its resources with an id above ``after`` (at most ``limit``, at most
     :data:`PAGE_BYTES`), ``next``, and the counts and unresolved of the whole run."""
     async with db.connect() as conn:
-        row = await read_first(conn, queries.CONSOLE_PAGE,
+        row = await read_first(conn, CONSOLE_PAGE,
                                {"run_id": run_id, "statuses": list(statuses.RESOURCE_STATUSES),
                                 "unresolved": list(statuses.UNRESOLVED), "ok": OK, **_page(after, limit, budget)})
     if row is None:
@@ -67,7 +77,7 @@ async def run_log(db: Database, run_id: str, after: int | None = None, limit: in
     the entries with an id above ``after``, oldest first (at most ``limit``, at most
     :data:`PAGE_BYTES`), and ``next``."""
     async with db.connect() as conn:
-        row = await read_first(conn, queries.LOG_PAGE, {"run_id": run_id, "ok": OK, **_page(after, limit, budget)})
+        row = await read_first(conn, LOG_PAGE, {"run_id": run_id, "ok": OK, **_page(after, limit, budget)})
     if row is None:
         raise NotFound(f"no run {run_id!r}")
     return _with_rows(row["head"], "entries", row["rows"])
@@ -78,7 +88,7 @@ async def list_runs(db: Database, query: ListRuns, budget: int = PAGE_BYTES) -> 
     a time window (runs whose schedule overlaps ``[startsFrom, startsBefore)``, ordered by
     ``startsAt``; without a window, newest first). At most ``limit`` runs and
     :data:`PAGE_BYTES`; ``next`` (a cursor, sent back as ``after``) when more are left."""
-    statement = queries.RUNS_BY_SCHEDULE if query.by_schedule else queries.RUNS_NEWEST
+    statement = RUNS_BY_SCHEDULE if query.by_schedule else RUNS_NEWEST
     cursor = RUNS_CURSOR.fullmatch(query.after) if query.after else None
     async with db.connect() as conn:
         row = await read_one(conn, statement,
@@ -96,13 +106,13 @@ async def live(db: Database, module: str, limit: int, after: int | None = None,
     JSON bytes: rows with an id above ``after``, at most ``limit`` and :data:`PAGE_BYTES`, and
     ``next``."""
     async with db.connect() as conn:
-        row = await read_one(conn, queries.LIVE_PAGE,
+        row = await read_one(conn, LIVE_PAGE,
                              {"module": module, "live": list(statuses.LIVE), "ok": OK, **_page(after, limit, budget)})
     return _with_rows(row["head"], "resources", row["rows"])
 
 
 def _page(after: int | None, limit: int, budget: int) -> dict[str, int]:
-    """The paging parameters of ``queries.paged_rows``."""
+    """The paging parameters of ``queries/console.py``'s ``paged_rows``."""
     limit = min(limit, PAGE_ROWS_MAX)
     return {"after": after or 0, "limit": limit, "candidates": limit + 1, "budget": budget}
 
@@ -112,7 +122,7 @@ async def live_modules(db: Database, limit: int) -> bytes:
     what a reconcile of every module asks (the website seed's ``modulesWithLiveRows``). At
     most 10,000 names of at most 64 ASCII characters: far below a NATS message."""
     async with db.connect() as conn:
-        row = await read_one(conn, queries.LIVE_MODULES, {"live": list(statuses.LIVE), "ok": OK, "limit": limit})
+        row = await read_one(conn, LIVE_MODULES, {"live": list(statuses.LIVE), "ok": OK, "limit": limit})
     reply: str = row["reply"]
     return reply.encode()
 
@@ -122,7 +132,7 @@ async def leases_overdue(db: Database, limit: int, budget: int = PAGE_BYTES) -> 
     them while nobody watched), most overdue first: their count and the reply's JSON bytes (at
     most ``limit`` rows and :data:`PAGE_BYTES`). Served by ``ix_resources_status_lease``."""
     async with db.connect() as conn:
-        row = await read_one(conn, queries.LEASES_OVERDUE, {"limit": limit, "budget": budget})
+        row = await read_one(conn, LEASES_OVERDUE, {"limit": limit, "budget": budget})
     count: int = row["count"]
     head = json.dumps({"status": OK, "count": count})
     return count, _with_rows(head, "resources", row["rows"])

@@ -49,17 +49,19 @@ def encode(reply: dict[str, Any] | bytes) -> bytes:
     return json.dumps(reply, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-Action = Callable[[Any], Awaitable[dict[str, Any] | bytes]]
-"""A subject's action: the validated request in, the whole reply out."""
+Handler = Callable[[Any], Awaitable[dict[str, Any] | bytes]]
+"""A subject's handler on either request path (``app.answering`` makes it; FastStream or this
+dispatcher calls it, ``request_paths.SERVED`` says which): the validated request in, the whole
+reply out."""
 
 
 @dataclass(frozen=True)
 class HotSubject:
-    """One subject served here: its request model and its action."""
+    """One subject served here: its request model and its handler."""
 
     subject: str
     request: type[BaseModel]
-    action: Action
+    action: Handler
 
 
 @dataclass

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.ledger import queries, statuses
+from services.ledger import statuses
+from services.ledger.queries.expiry import EXPIRE, SETTLE_EXPIRED
 from services.ledger.store import Change, Database, resource_changes, rows, run_changes
 from shared.contracts.ledger import KIND_MAX, REF_MAX, is_module_name, is_storable
 
@@ -39,14 +40,14 @@ async def expire(db: Database, module: str, body: Any) -> tuple[int, list[Change
     kind, ref = target
     step, settle = statuses.EXPIRE, statuses.SETTLE_AFTER_EXPIRY
     async with db.connect() as conn:
-        result = await rows(conn, queries.EXPIRE,
+        result = await rows(conn, EXPIRE,
                             {"module": module, "kind": kind, "ref": ref, "to": step.to, "why": statuses.EXPIRED_ERROR,
                              "allowed": list(step.allowed), "log_kind": step.log_kind})
         changes = resource_changes(result)
         run_ids = sorted({change.run["runId"] for change in changes})
         if run_ids:
             # A second statement: it must see the rows the first one just expired.
-            settled = await rows(conn, queries.SETTLE_EXPIRED,
+            settled = await rows(conn, SETTLE_EXPIRED,
                                  {"run_ids": run_ids, "terminal": list(statuses.RUN_TERMINAL),
                                   "unresolved": list(statuses.UNRESOLVED), "to": settle.to,
                                   "allowed": list(settle.allowed), "log_kind": settle.log_kind,

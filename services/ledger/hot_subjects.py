@@ -3,8 +3,7 @@ give-back outcomes (reverted, drifted, failed), each request waiting for the nex
 its kind (services/ledger/coalescer.py) that ``batches.py`` writes for many and ``resources.py``
 or ``sweep.py`` for one. ``ledger.sweep.outcomes`` is a batch already: it is served on the same
 nats-py path (``dispatcher.py``) but needs no coalescer, as do a sweep's candidates, claim and
-finish. The rest of the ledger's subjects stay on
-FastStream (app.py)."""
+finish. Which path serves each subject is ``request_paths.SERVED``."""
 
 from __future__ import annotations
 
@@ -16,18 +15,7 @@ from services.ledger import batches, resources, statuses, sweep
 from services.ledger.coalescer import Coalescer
 from services.ledger.statuses import Outcome
 from services.ledger.store import Change, Database, Json
-from shared import subjects
 from shared.contracts import ledger as c
-
-HOT: tuple[str, ...] = (
-    subjects.LEDGER_RESOURCE_RESERVE, subjects.LEDGER_RESOURCE_RECORD, subjects.LEDGER_RESOURCE_CONFIRM,
-    subjects.LEDGER_RESOURCE_FAIL, subjects.LEDGER_SWEEP_REVERTED, subjects.LEDGER_SWEEP_DRIFTED,
-    subjects.LEDGER_SWEEP_FAILED, subjects.LEDGER_SWEEP_OUTCOMES,
-    # A sweep's own round trips, one set per run (no coalescer: each is a statement of its own).
-    subjects.LEDGER_SWEEP_CANDIDATES, subjects.LEDGER_SWEEP_CLAIM, subjects.LEDGER_SWEEP_FINISH,
-)
-"""The subjects served by the dispatcher rather than FastStream (issue 15: under a sweep,
-FastStream's per-message machinery was a fifth of the ledger's CPU)."""
 
 Answer = tuple[Json, list[Change]]
 OneOutcome = tuple[int, Outcome, str | None]

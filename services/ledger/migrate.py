@@ -16,7 +16,7 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
 
-from services.ledger import queries
+from services.ledger.queries.schema import SCHEMA_VERSION, SCHEMA_VERSIONED
 from shared.database import make_engine, normalise_url
 
 log = logging.getLogger("shardbus.ledger.migrate")
@@ -65,10 +65,10 @@ async def current_revision(url: str) -> str | None:
     engine = make_engine(url, pool_size=1)
     try:
         async with engine.connect() as conn:
-            exists = await conn.scalar(text(queries.SCHEMA_VERSIONED.text))
+            exists = await conn.scalar(text(SCHEMA_VERSIONED.text))
             if not exists:
                 return None
-            revision: str | None = await conn.scalar(text(queries.SCHEMA_VERSION.text))
+            revision: str | None = await conn.scalar(text(SCHEMA_VERSION.text))
             return revision
     finally:
         await engine.dispose()

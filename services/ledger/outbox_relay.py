@@ -27,7 +27,14 @@ import asyncpg
 from nats.aio.client import Client as NATS
 from nats.js.errors import NotFoundError
 
-from services.ledger import queries
+from services.ledger.queries.outbox import (
+    RELAY_ANY,
+    RELAY_DELETE,
+    RELAY_LEDGER_ID,
+    RELAY_MARK,
+    RELAY_TAKE,
+    RELAY_TRY_LOCK,
+)
 from shared import subjects
 
 log = logging.getLogger("shardbus.ledger.relay")
@@ -120,10 +127,10 @@ class OutboxRelay:
         conn: asyncpg.Connection = await asyncpg.connect(
             self._dsn, timeout=self._connect_timeout_s, server_settings={"application_name": APPLICATION_NAME})
         try:
-            lock = queries.RELAY_TRY_LOCK
+            lock = RELAY_TRY_LOCK
             while not await conn.fetchval(lock.sql, *lock.args({"key": LOCK_KEY})):  # noqa: ASYNC110  (polls a lock)
                 await asyncio.sleep(POLL_S)
-            ledger_id = str(await conn.fetchval(queries.RELAY_LEDGER_ID.sql))
+            ledger_id = str(await conn.fetchval(RELAY_LEDGER_ID.sql))
             await self._take_over(conn, ledger_id)
             while True:
                 self._wake.clear()
@@ -142,7 +149,7 @@ class OutboxRelay:
 
     async def _take_over(self, conn: asyncpg.Connection, ledger_id: str) -> None:
         """Delete the events a relay that died mid-batch had already published."""
-        mark = await conn.fetchval(queries.RELAY_MARK.sql)
+        mark = await conn.fetchval(RELAY_MARK.sql)
         if mark is None:
             return
         last = await self._last_seq()
@@ -160,15 +167,15 @@ class OutboxRelay:
             if msg_id.startswith(prefix) and msg_id[len(prefix):].isdigit():
                 found.append(int(msg_id[len(prefix):]))
         if found:
-            await conn.execute(queries.RELAY_DELETE.sql, *queries.RELAY_DELETE.args({"ids": found}))
+            await conn.execute(RELAY_DELETE.sql, *RELAY_DELETE.args({"ids": found}))
         log.info("outbox takeover", extra={"already_published": len(found)})
 
     async def _batch(self, conn: asyncpg.Connection, ledger_id: str) -> int:
         """Publish the oldest events, in id order; how many there were."""
-        if not await conn.fetchval(queries.RELAY_ANY.sql):
+        if not await conn.fetchval(RELAY_ANY.sql):
             return 0
         mark = await self._last_seq()
-        events = await conn.fetch(queries.RELAY_TAKE.sql, *queries.RELAY_TAKE.args({"mark": mark, "batch": BATCH}))
+        events = await conn.fetch(RELAY_TAKE.sql, *RELAY_TAKE.args({"mark": mark, "batch": BATCH}))
         events.sort(key=lambda e: e["id"])
         # Published back to back on one connection, which JetStream stores in the order sent, and
         # the acknowledgements awaited together: one round trip a batch, not one an event (the
@@ -184,5 +191,5 @@ class OutboxRelay:
                 for event in events]
         await asyncio.wait_for(asyncio.gather(*acks), PUBLISH_TIMEOUT_S)
         published = [event["id"] for event in events]
-        await conn.execute(queries.RELAY_DELETE.sql, *queries.RELAY_DELETE.args({"ids": published}))
+        await conn.execute(RELAY_DELETE.sql, *RELAY_DELETE.args({"ids": published}))
         return len(events)

@@ -9,7 +9,16 @@ from typing import Any
 
 import asyncpg
 
-from services.ledger import queries, statuses
+from services.ledger import statuses
+from services.ledger.queries.resources import (
+    ADD_RESOURCE,
+    KEY_USED,
+    RECONCILE,
+    REPLAY_STATE,
+    RESOURCE_BY_KEY,
+    TARGET_HOLDER,
+    TRANSITION,
+)
 from services.ledger.statuses import Transition
 from services.ledger.store import (
     Change,
@@ -48,7 +57,7 @@ async def add_resource(db: Database, *, run_id: str, module: str, kind: str, ref
               "reopen_to": statuses.REOPEN.to, "reopen_from": list(statuses.REOPEN.allowed)}
     try:
         async with db.connect() as conn:
-            result = await rows(conn, queries.ADD_RESOURCE, params)
+            result = await rows(conn, ADD_RESOURCE, params)
             if result:
                 changes = resource_changes(result)
                 return resource_of(changes), changes
@@ -58,9 +67,9 @@ async def add_resource(db: Database, *, run_id: str, module: str, kind: str, ref
             raise
     async with db.connect() as conn:
         # The same retry may have raced us to the target: then it is the first row.
-        if await first(conn, queries.KEY_USED, {"key": idempotency_key}):
+        if await first(conn, KEY_USED, {"key": idempotency_key}):
             return await _explain_no_insert(conn, run_id, module, kind, ref, idempotency_key)
-        holder = await first(conn, queries.TARGET_HOLDER,
+        holder = await first(conn, TARGET_HOLDER,
                              {"module": module, "kind": kind, "ref": ref, "live": list(statuses.LIVE)})
     who = (f"resource {holder['id']} ({holder['status']}, run {holder['run_id']!r})" if holder
            else "a live row")
@@ -71,7 +80,7 @@ async def _explain_no_insert(conn: asyncpg.Connection, run_id: str, module: str,
                              key: str) -> tuple[Json, list[Change]]:
     """Nothing was inserted: the key was used before (answer its row), or the run is
     missing or over."""
-    row = await first(conn, queries.RESOURCE_BY_KEY, {"key": key})
+    row = await first(conn, RESOURCE_BY_KEY, {"key": key})
     if row is not None:
         first_row = as_object(row["resource"])
         if (first_row["runId"], first_row["module"], first_row["kind"], first_row["ref"]) != (run_id, module, kind,
@@ -90,7 +99,7 @@ async def transition(db: Database, resource_id: int, step: Transition,
     if step.to is None:
         raise ValueError(f"{step.name} has no fixed target status; it is a give-back's outcome (sweep.py)")
     async with db.connect() as conn:
-        result = await rows(conn, queries.TRANSITION,
+        result = await rows(conn, TRANSITION,
                             {"id": resource_id, "to": step.to, "allowed": list(step.allowed),
                              "log_kind": step.log_kind, "error": cut(error)})
         if not result:
@@ -103,7 +112,7 @@ async def replay_or_conflict(conn: asyncpg.Connection, resource_id: int, step: T
                              error: str | None) -> Json:
     """A transition that changed nothing: the row, if this is the same request again
     (statuses.is_replay); else NotFound or Conflict."""
-    row = await first(conn, queries.REPLAY_STATE, {"id": resource_id})
+    row = await first(conn, REPLAY_STATE, {"id": resource_id})
     if row is None:
         raise NotFound(f"no resource {resource_id}")
     if statuses.is_replay(step, row["status"], row["last_kind"], row["last_error"], error):
@@ -118,7 +127,7 @@ async def reconcile(db: Database, module: str, run_id: str, kind: str | None,
     step = statuses.ORPHAN
     async with db.connect() as conn:
         await run_or_not_found(conn, run_id)
-        result = await rows(conn, queries.RECONCILE,
+        result = await rows(conn, RECONCILE,
                             {"run_id": run_id, "module": module, "kind": kind, "present": present,
                              "to": step.to, "allowed": list(step.allowed), "log_kind": step.log_kind})
     return len(result), resource_changes(result)

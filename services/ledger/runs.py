@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import uuid
 
-from services.ledger import queries, statuses
+from services.ledger import statuses
+from services.ledger.queries.runs import CREATE_RUN, SET_RUN_STATUS
 from services.ledger.statuses import RunStatus
 from services.ledger.store import Change, Conflict, Database, Json, first, run_changes, run_or_not_found
 
@@ -17,7 +18,7 @@ async def create_run(db: Database, run_id: str | None, shard: str, event: str, s
     event or schedule)."""
     run_id = run_id or uuid.uuid4().hex
     async with db.connect() as conn:
-        row = await first(conn, queries.CREATE_RUN,
+        row = await first(conn, CREATE_RUN,
                           {"run_id": run_id, "shard": shard, "event": event, "starts_at": starts_at,
                            "ends_at": ends_at, "log_kind": statuses.RUN_CREATED_LOG})
         if row is not None:
@@ -36,7 +37,7 @@ async def set_run_status(db: Database, run_id: str, status: RunStatus) -> tuple[
     the status it already has changes nothing and answers the run."""
     allowed = statuses.RUN_STATUS_FROM.get(status, ())
     async with db.connect() as conn:
-        row = await first(conn, queries.SET_RUN_STATUS,
+        row = await first(conn, SET_RUN_STATUS,
                           {"run_id": run_id, "to": status, "allowed": list(allowed),
                            "terminal": status in statuses.RUN_TERMINAL, "log_kind": statuses.RUN_STATUS_LOG})
         if row is not None:

@@ -3,7 +3,7 @@ start from, the status it leads to and the run-log kind it writes. The vocabular
 status and verdict, as the wire carries it) is ``shared/contracts/ledger_statuses.py``; this
 module is the only place in the ledger that names a status.
 
-Nothing else decides whether a change is allowed: every statement in ``queries.py`` *binds*
+Nothing else decides whether a change is allowed: every statement in ``queries/`` *binds*
 these entries as parameters (``status = ANY(:allowed)``, ``SET status = :to``, the per-row
 rules of a batch of give-back outcomes as ``unnest`` arrays), and the few fragments that cannot
 take parameters (a row's rendering as JSON, shared by every statement, and the tables' CHECK

@@ -1,5 +1,5 @@
 """What every ledger operation shares: its errors, the change record that becomes an update
-event, and the helpers that run a named statement of ``queries.py`` (rows come back as dicts,
+event, and the helpers that run a named statement of ``queries/`` (rows come back as dicts,
 read by column name; runs and resources come back as their wire JSON, rendered by PostgreSQL
 so a 1,000-row console is one query).
 
@@ -31,8 +31,8 @@ from typing import Any
 
 import asyncpg
 
-from services.ledger import queries
-from services.ledger.queries import Statement
+from services.ledger.queries.statement import Statement
+from services.ledger.queries.store import FORCE_CUSTOM_PLAN, RUN_BY_ID
 from shared.database import normalise_url
 
 CONNECT_TIMEOUT_S = 3.0
@@ -89,7 +89,7 @@ def is_outage(exc: BaseException | None) -> bool:
 
 
 class Database:
-    """The ledger's connection pool. Statements are ``queries.py``'s, with ``:name`` parameters."""
+    """The ledger's connection pool. Statements are ``queries/``'s, with ``:name`` parameters."""
 
     def __init__(self, url: str, pool_size: int = 10, *, connect_timeout_s: float | None = None,
                  acquire_timeout_s: float | None = None, statement_timeout_s: float | None = None) -> None:
@@ -183,7 +183,7 @@ async def read_first(conn: asyncpg.Connection, statement: Statement,
     (the run console of 1,000 rows in a database of 1,000,000: 7 ms custom, 165 ms generic,
     measured by bench/ledger.py). ``SET LOCAL`` keeps it to this statement's transaction."""
     async with conn.transaction():
-        await conn.execute(queries.FORCE_CUSTOM_PLAN.sql)
+        await conn.execute(FORCE_CUSTOM_PLAN.sql)
         return await first(conn, statement, params)
 
 
@@ -250,13 +250,13 @@ def as_object(value: Any) -> Json:
 
 
 def resource_changes(result: list[Row]) -> list[Change]:
-    """Turn ``(event_id, type, run, resource)`` rows (``queries.resource_events``) into changes."""
+    """Turn ``(event_id, type, run, resource)`` rows (``queries/fragments.py``: ``resource_events``) into changes."""
     return [Change(row["type"], as_object(row["run"]), as_object(row["resource"]), row["event_id"])
             for row in result]
 
 
 def run_changes(result: list[Row]) -> list[Change]:
-    """Turn ``(event_id, type, run)`` rows (``queries.run_events``) into changes."""
+    """Turn ``(event_id, type, run)`` rows (``queries/fragments.py``: ``run_events``) into changes."""
     return [Change(row["type"], as_object(row["run"]), None, row["event_id"]) for row in result]
 
 
@@ -267,7 +267,7 @@ def conflict(resource_id: int, status: str, action: str, allowed: tuple[str, ...
 
 async def run_or_not_found(conn: asyncpg.Connection, run_id: str) -> Json:
     """The run's wire JSON, or NotFound."""
-    row = await first(conn, queries.RUN_BY_ID, {"id": run_id})
+    row = await first(conn, RUN_BY_ID, {"id": run_id})
     if row is None:
         raise NotFound(f"no run {run_id!r}")
     return as_object(row["run"])

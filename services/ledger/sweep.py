@@ -10,7 +10,7 @@ subscribed, no answer in time) spends no attempt: the row goes back to its statu
 min(cap, base × 2^away) seconds. Any answered outcome of a batch sets ``away`` back to 0 and
 clears ``retry_at`` (the older one-row subjects leave both as they are).
 
-Every outcome, batched or one-row, is one statement (``queries.OUTCOMES``) driven by its rule in
+Every outcome, batched or one-row, is one statement (``queries/sweep.py``: OUTCOMES) driven by its rule in
 ``statuses.OUTCOMES``: a one-row subject is a batch of one."""
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from services.ledger import queries, statuses
+from services.ledger import statuses
 from services.ledger.console import PAGE_BYTES
+from services.ledger.queries.sweep import CANDIDATES, CLAIM, FINISH, LAST_LOG_KIND, OUTCOMES, RETRY, SETTLE, WAITING
 from services.ledger.resources import cut, replay_or_conflict, resource_of
 from services.ledger.statuses import Outcome, Verdict
 from services.ledger.store import (
@@ -54,7 +55,7 @@ async def settle(db: Database) -> tuple[int, list[Change]]:
     ``complete`` (never over ``incomplete``)."""
     step = statuses.SETTLE
     async with db.connect() as conn:
-        result = await rows(conn, queries.SETTLE,
+        result = await rows(conn, SETTLE,
                             {"terminal": list(statuses.RUN_TERMINAL), "unresolved": list(statuses.UNRESOLVED),
                              "to": step.to, "allowed": list(step.allowed), "log_kind": step.log_kind,
                              "by": SETTLED_BY})
@@ -68,7 +69,7 @@ async def candidates(db: Database, limit: int) -> list[str]:
     give-back met nobody, ``retry_at`` ahead) is not a candidate until the first of them is
     due: sweeping it would claim nothing and only log ``cleanup.swept`` again."""
     async with db.connect() as conn:
-        result = await rows(conn, queries.CANDIDATES,
+        result = await rows(conn, CANDIDATES,
                             {"terminal": list(statuses.RUN_TERMINAL), "sweepable": list(statuses.SWEEPABLE),
                              "unresolved": list(statuses.UNRESOLVED), "revertable": list(statuses.REVERTABLE),
                              "limit": limit})
@@ -93,7 +94,7 @@ async def claim(db: Database, run_id: str, max_attempts: int, limit: int, claim_
         run = await run_or_not_found(conn, run_id)
         if run["status"] not in statuses.RUN_TERMINAL:
             raise Conflict(f"run {run_id!r} is {run['status']}; its resources are given back only once it is over")
-        result = await rows(conn, queries.CLAIM,
+        result = await rows(conn, CLAIM,
                             {"run_id": run_id, "revertable": list(step.allowed), "stale": list(again.allowed),
                              "to": step.to, "log_kind": step.log_kind, "max_attempts": max_attempts,
                              "timeout": float(claim_timeout_s), "limit": limit, "candidates": limit + 1,
@@ -125,7 +126,7 @@ async def one_outcome(db: Database, resource_id: int, outcome: Outcome,
     the row and its change; else the same request again (a replay: the row, nothing changed),
     404 or 409 (statuses.is_replay)."""
     async with db.connect() as conn:
-        result = await rows(conn, queries.OUTCOMES, outcome_params([(resource_id, outcome, cut(error))]))
+        result = await rows(conn, OUTCOMES, outcome_params([(resource_id, outcome, cut(error))]))
         changes = resource_changes([row for row in result if row["run"] is not None])
         if not changes:
             return await replay_or_conflict(conn, resource_id, outcome.step, cut(error)), []
@@ -134,7 +135,7 @@ async def one_outcome(db: Database, resource_id: int, outcome: Outcome,
 
 def outcome_params(given: list[tuple[int, Outcome, str | None]], away_backoff_s: float = c.AWAY_BACKOFF_S,
                     away_backoff_max_s: float = c.AWAY_BACKOFF_MAX_S) -> dict[str, Any]:
-    """The parameters of ``queries.OUTCOMES``: each row's rule from the state machine, as arrays
+    """The parameters of OUTCOMES (``queries/sweep.py``): each row's rule from the state machine, as arrays
     to ``unnest`` (one element per row)."""
     return {"ids": [row_id for row_id, _, _ in given],
             "errors": [error for _, _, error in given],
@@ -164,7 +165,7 @@ async def outcomes(db: Database, given: list[tuple[int, Verdict, str | None]], a
     their status, unknown ids as missing; the rest of the batch still lands."""
     ids = [row_id for row_id, _, _ in given]
     async with db.connect() as conn:
-        result = await rows(conn, queries.OUTCOMES, outcome_params(
+        result = await rows(conn, OUTCOMES, outcome_params(
             [(row_id, statuses.OUTCOMES[verdict], cut(error)) for row_id, verdict, error in given],
             away_backoff_s, away_backoff_max_s))
     changes = resource_changes([row for row in result if row["run"] is not None])
@@ -184,7 +185,7 @@ async def finish(db: Database, run_id: str, max_attempts: int,
         run = await run_or_not_found(conn, run_id)
         if run["status"] not in statuses.RUN_TERMINAL:
             raise Conflict(f"run {run_id!r} is {run['status']}; a sweep finishes only a run that is over")
-        row = await one(conn, queries.FINISH,
+        row = await one(conn, FINISH,
                         {"run_id": run_id, "unresolved": list(statuses.UNRESOLVED),
                          "revertable": list(statuses.REVERTABLE), "in_flight": list(statuses.IN_FLIGHT),
                          "max_attempts": max_attempts, "summary": json.dumps(summary),
@@ -202,7 +203,7 @@ async def waiting(db: Database, limit: int) -> tuple[list[Json], bool]:
     past when the next sweep is due to try) and the most misses in a row (``away``); the
     run due first comes first. The second value says whether more runs wait than listed."""
     async with db.connect() as conn:
-        result = await rows(conn, queries.WAITING,
+        result = await rows(conn, WAITING,
                             {"waiting": list(statuses.WAITING), "terminal": list(statuses.RUN_TERMINAL),
                              "sweepable": list(statuses.SWEEPABLE), "limit": limit + 1})
     runs = [as_object(row["run"]) for row in result]
@@ -213,12 +214,12 @@ async def retry(db: Database, run_id: str) -> tuple[Json, list[Change]]:
     """A person's retry of an ``incomplete`` run: attempts reset, cleanup back to ``pending``."""
     step = statuses.RETRY
     async with db.connect() as conn:
-        row = await first(conn, queries.RETRY,
+        row = await first(conn, RETRY,
                           {"run_id": run_id, "unresolved": list(statuses.UNRESOLVED), "to": step.to,
                            "allowed": list(step.allowed), "log_kind": step.log_kind})
         if row is None:
             run = await run_or_not_found(conn, run_id)
-            last = await first(conn, queries.LAST_LOG_KIND,
+            last = await first(conn, LAST_LOG_KIND,
                                {"run_id": run_id, "kinds": [step.log_kind, statuses.FINISH.log_kind]})
             if statuses.is_retry_replay(run["cleanupStatus"], None if last is None else last["kind"]):
                 return run, []  # the same retry again (its reply was lost): 200, nothing changes

@@ -11,8 +11,9 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 from sqlmodel import SQLModel
 
-from services.ledger import queries, tables  # noqa: F401  (tables registers the tables on the metadata)
+from services.ledger import tables  # noqa: F401  (tables registers the tables on the metadata)
 from services.ledger.migrate import LOCK_ID
+from services.ledger.queries.schema import MIGRATION_LOCK
 
 log = logging.getLogger("alembic.env")
 target_metadata = SQLModel.metadata
@@ -22,7 +23,7 @@ def _migrate(connection: Connection) -> None:
     context.configure(connection=connection, target_metadata=target_metadata,
                       transaction_per_migration=False)
     with context.begin_transaction():
-        connection.execute(text(queries.MIGRATION_LOCK.text), {"k": LOCK_ID})
+        connection.execute(text(MIGRATION_LOCK.text), {"k": LOCK_ID})
         context.run_migrations()
 
 
