@@ -6,9 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 
+from services.gateway import metrics
 from services.gateway.app import create_app
+from services.gateway.boards import BOARD_RULES
 from services.gateway.settings import GatewaySettings
-from shardbus.embedded import free_port
+from services.gateway.wire import DeadLetter, sort_line
+from shardbus.embedded import free_port, port_is_free
+from simulator import seed_wire
 from simulator.shard import ShardSimulator
 from tests.gateway.conftest import INTEREST_SETTLE_S, TOKEN
 from tests.scrape import label_values, names, scrape, value
@@ -87,9 +91,42 @@ async def _until_connected(url: str) -> None:
 
 
 def free_port_is(port: int) -> bool:
-    from shardbus.embedded import port_is_free
     return port_is_free(port)
 
 
 def _version(samples) -> str:
     return label_values(samples, "shardbus_service_info", "version").pop()
+
+
+def test_the_kind_labels_are_the_seeds_vocabulary() -> None:
+    seed_kinds = set(seed_wire.FORWARDED_KINDS) | set(seed_wire.ANSWER_KINDS) | {"server.hello", "gateway.pong"}
+    board_kinds = {rule.kind for rule in BOARD_RULES}
+    assert seed_kinds | board_kinds == metrics.FRAME_KINDS
+    assert set(seed_wire.COMMAND_BODIES) == metrics.COMMAND_VERBS
+
+
+def test_dead_letter_reasons_and_hostile_kinds_map_to_known_labels() -> None:
+    lines = [b"\xff\xfe", "\ufeff{}".encode(), b"{nope", b"[1]", b'{"a":1}', b'{"kind":"a b"}']
+    labels = []
+    for line in lines:
+        item = sort_line(line)
+        assert isinstance(item, DeadLetter)
+        labels.append(metrics.reason_label(item.reason))
+    assert labels == ["not_utf8", "byte_order_mark", "malformed_json", "not_an_object", "no_kind", "unsafe_kind"]
+    counts = metrics.GatewayCounts()
+    known = set(counts.frames_in)
+    for kind in ("mob.killed", "zz.evil", "other", "x" * 1000):
+        counts.frame_in(kind)
+    assert set(counts.frames_in) == known
+    assert counts.frames_in["other"] == 3 and counts.frames_in["mob.killed"] == 1
+
+
+def test_gone_shards_are_forgotten_after_a_day_and_beyond_the_cap() -> None:
+    counts = metrics.GatewayCounts()
+    now = 1_000_000.0
+    counts.remember("old", now - metrics.SHARD_KEPT_S - 1)
+    for n in range(metrics.SHARDS_KEPT + 5):
+        counts.remember(f"s{n}", now - metrics.SHARDS_KEPT - 5 + n)
+    counts.forget_old(now)
+    assert len(counts.last_line_at) == metrics.SHARDS_KEPT
+    assert "old" not in counts.last_line_at and "s0" not in counts.last_line_at and "s5" in counts.last_line_at
