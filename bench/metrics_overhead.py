@@ -41,6 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import psutil
+
 from bench import gateway as gateway_bench
 from bench import ledger as ledger_bench
 from shardbus import embedded
@@ -90,12 +92,24 @@ class Scraper:
                 self.failures += 1
 
 
-def summary(on: list[float], off: list[float]) -> dict[str, object]:
+def cpu_s(pid: int) -> float:
+    """User and system CPU seconds of process ``pid`` so far."""
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def summary(on: list[float], off: list[float], cpu_on: list[float], cpu_off: list[float]) -> dict[str, object]:
+    """The medians of each variant: the rate, and the service process's CPU µs per operation (on
+    a machine others share, CPU per operation wanders far less than the rate does)."""
     on_median, off_median = statistics.median(on), statistics.median(off)
+    cpu_on_median, cpu_off_median = statistics.median(cpu_on), statistics.median(cpu_off)
     return {"metrics_on_per_s": [round(x, 1) for x in on], "metrics_off_per_s": [round(x, 1) for x in off],
             "median_on_per_s": round(on_median, 1), "median_off_per_s": round(off_median, 1),
             "ratio_on_off": round(on_median / off_median, 4),
-            "overhead_pct": round(100 * (1 - on_median / off_median), 2)}
+            "overhead_pct": round(100 * (1 - on_median / off_median), 2),
+            "cpu_us_per_op_on": [round(x, 2) for x in cpu_on], "cpu_us_per_op_off": [round(x, 2) for x in cpu_off],
+            "median_cpu_us_per_op_on": round(cpu_on_median, 2), "median_cpu_us_per_op_off": round(cpu_off_median, 2),
+            "cpu_overhead_pct": round(100 * (cpu_on_median / cpu_off_median - 1), 2)}
 
 
 def ingest_phase(workdir: Path, runs: int, frames: int) -> dict[str, object]:
@@ -110,16 +124,21 @@ def ingest_phase(workdir: Path, runs: int, frames: int) -> dict[str, object]:
             off, off_port = gateway_bench.start_gateway(workdir, server.url, "gateway-metrics-off")
         procs.append(off)
         rates: dict[str, list[float]] = {"on": [], "off": []}
+        cpu: dict[str, list[float]] = {"on": [], "off": []}
+        pids = {"on": on.pid, "off": off.pid}
         asyncio.run(gateway_bench.ingest(server.url, on_port, frames // 10))  # warm-up, both
         asyncio.run(gateway_bench.ingest(server.url, off_port, frames // 10))
         with Scraper(f"http://127.0.0.1:{metrics_port}/metrics") as scraper:
             for round_no in range(runs):
                 order = [("on", on_port), ("off", off_port)]
                 for which, port in order if round_no % 2 == 0 else order[::-1]:
+                    used = cpu_s(pids[which])
                     rate = asyncio.run(gateway_bench.ingest(server.url, port, frames))
+                    cpu[which].append((cpu_s(pids[which]) - used) / frames * 1e6)
                     rates[which].append(rate)
-                    print(f"ingest round {round_no + 1}, metrics {which}: {rate:,.0f} frames/s", flush=True)
-        result = summary(rates["on"], rates["off"])
+                    print(f"ingest round {round_no + 1}, metrics {which}: {rate:,.0f} frames/s, "
+                          f"gateway {cpu[which][-1]:.1f} CPU µs a frame", flush=True)
+        result = summary(rates["on"], rates["off"], cpu["on"], cpu["off"])
         result.update({"frames_per_run": frames, "scrapes": scraper.scrapes, "scrape_failures": scraper.failures,
                        "scrape_bytes": scraper.bytes})
         return result
@@ -138,6 +157,7 @@ def ledger_phase(workdir: Path, runs: int, seconds: float) -> dict[str, object]:
         subprocess.run([sys.executable, "-m", "shardbus", "migrate", "--database-url", db_url], cwd=ROOT,
                        check=True, capture_output=True)
         rates: dict[str, list[float]] = {"on": [], "off": []}
+        cpu: dict[str, list[float]] = {"on": [], "off": []}
         scrapes = 0
 
         def one(which: str) -> float:
@@ -148,12 +168,14 @@ def ledger_phase(workdir: Path, runs: int, seconds: float) -> dict[str, object]:
                 ledger = ledger_bench.start_ledger(workdir, nats_server.url, db_url)
             try:
                 asyncio.run(ledger_bench.ledger_transitions(nats_server.url, 1.0))  # warm-up
+                used = cpu_s(ledger.pid)
                 if which == "on":
                     with Scraper(f"http://127.0.0.1:{port}/metrics") as scraper:
-                        rate, errors, _ = asyncio.run(ledger_bench.ledger_transitions(nats_server.url, seconds))
+                        rate, errors, done = asyncio.run(ledger_bench.ledger_transitions(nats_server.url, seconds))
                     scrapes += scraper.scrapes
                 else:
-                    rate, errors, _ = asyncio.run(ledger_bench.ledger_transitions(nats_server.url, seconds))
+                    rate, errors, done = asyncio.run(ledger_bench.ledger_transitions(nats_server.url, seconds))
+                cpu[which].append((cpu_s(ledger.pid) - used) / max(done, 1) * 1e6)
                 if errors:
                     print(f"  {errors} errors", flush=True)
                 return rate
@@ -164,8 +186,9 @@ def ledger_phase(workdir: Path, runs: int, seconds: float) -> dict[str, object]:
             for which in ("on", "off") if round_no % 2 == 0 else ("off", "on"):
                 rate = one(which)
                 rates[which].append(rate)
-                print(f"ledger round {round_no + 1}, metrics {which}: {rate:,.0f} transitions/s", flush=True)
-        result = summary(rates["on"], rates["off"])
+                print(f"ledger round {round_no + 1}, metrics {which}: {rate:,.0f} transitions/s, "
+                      f"ledger {cpu[which][-1]:.1f} CPU µs a transition", flush=True)
+        result = summary(rates["on"], rates["off"], cpu["on"], cpu["off"])
         result.update({"seconds_per_run": seconds, "clients": ledger_bench.CLIENTS, "scrapes": scrapes})
         return result
     finally:
@@ -208,8 +231,10 @@ def main() -> int:
     results["count_ns_per_frame"] = round(count_cost_ns(), 1)
     results["scrape_every_s"] = SCRAPE_EVERY_S
     results["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    results["targets_met"] = {key: value["overhead_pct"] <= 3.0  # type: ignore[index]
-                              for key, value in results.items() if isinstance(value, dict) and "overhead_pct" in value}
+    # The issue's bar: <= 3 % (of the rate, and of the CPU the service spends per operation).
+    phases = {key: value for key, value in results.items() if isinstance(value, dict) and "cpu_overhead_pct" in value}
+    results["targets_met"] = {key: value["overhead_pct"] <= 3.0 and value["cpu_overhead_pct"] <= 3.0
+                              for key, value in phases.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
