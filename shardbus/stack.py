@@ -3,8 +3,7 @@ PostgreSQL from pip packages, the migrations, and the five services as child pro
 (``--replicas``: several of each), supervised until Ctrl-C or SIGTERM, then stopped in
 reverse order so no process is left behind.
 
-Ports (NATS, its WebSocket listener, the shard listeners, the web door, PostgreSQL, each
-process's Prometheus endpoint) are kept
+Ports (NATS, its WebSocket listener, the shard listeners, the web door, PostgreSQL) are kept
 in ``<state>/ports.json`` and taken again at the next start when they are free, so the
 addresses a shard plugin or a website was given survive a restart; a port asked for
 (``--shard-port``, ``SHARDBUS_SHARD_PORT``, …) that is taken stops the start with one line
