@@ -14,7 +14,8 @@ In one run, interleaved, ``--runs`` times each (default 5), the median of each k
 
 "Off" still counts in plain ints (the hooks are unconditional): the ratio is what serving and
 scraping add. What the counting itself costs per frame is measured apart
-(``count_ns_per_frame``: ``GatewayCounts.frame_in``, the one call a frame makes).
+(``count_ns_per_frame``: ``GatewayCounts.frame_in``, the one call a frame makes), and so is what
+one scrape costs the gateway (``ingest.scrape_cpu_ms``: 200 scrapes, its idle CPU taken off).
 
 Run alone: ``python bench/metrics_overhead.py [--runs N] [--frames N] [--seconds S] [--only ingest|ledger]``;
 writes ``bench/results/metrics.json``.
@@ -109,7 +110,23 @@ def summary(on: list[float], off: list[float], cpu_on: list[float], cpu_off: lis
             "overhead_pct": round(100 * (1 - on_median / off_median), 2),
             "cpu_us_per_op_on": [round(x, 2) for x in cpu_on], "cpu_us_per_op_off": [round(x, 2) for x in cpu_off],
             "median_cpu_us_per_op_on": round(cpu_on_median, 2), "median_cpu_us_per_op_off": round(cpu_off_median, 2),
-            "cpu_overhead_pct": round(100 * (cpu_on_median / cpu_off_median - 1), 2)}
+            "cpu_overhead_pct": round(100 * (cpu_on_median / cpu_off_median - 1), 2),
+            # How far the off runs alone wander (max - min, of their median): an overhead below it is noise.
+            "off_rate_spread_pct": round(100 * (max(off) - min(off)) / off_median, 1),
+            "off_cpu_spread_pct": round(100 * (max(cpu_off) - min(cpu_off)) / cpu_off_median, 1)}
+
+
+def scrape_cpu_ms(pid: int, url: str, scrapes: int = 200) -> float:
+    """The CPU milliseconds one scrape costs process ``pid`` (its idle use taken off)."""
+    idle_from = cpu_s(pid)
+    time.sleep(2.0)
+    idle_per_s = (cpu_s(pid) - idle_from) / 2.0
+    used, started = cpu_s(pid), time.perf_counter()
+    for _ in range(scrapes):
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            reply.read()
+    wall = time.perf_counter() - started
+    return (cpu_s(pid) - used - idle_per_s * wall) / scrapes * 1000
 
 
 def ingest_phase(workdir: Path, runs: int, frames: int) -> dict[str, object]:
@@ -126,8 +143,8 @@ def ingest_phase(workdir: Path, runs: int, frames: int) -> dict[str, object]:
         rates: dict[str, list[float]] = {"on": [], "off": []}
         cpu: dict[str, list[float]] = {"on": [], "off": []}
         pids = {"on": on.pid, "off": off.pid}
-        asyncio.run(gateway_bench.ingest(server.url, on_port, frames // 10))  # warm-up, both
-        asyncio.run(gateway_bench.ingest(server.url, off_port, frames // 10))
+        asyncio.run(gateway_bench.ingest(server.url, on_port, frames // 2))  # warm-up, both
+        asyncio.run(gateway_bench.ingest(server.url, off_port, frames // 2))
         with Scraper(f"http://127.0.0.1:{metrics_port}/metrics") as scraper:
             for round_no in range(runs):
                 order = [("on", on_port), ("off", off_port)]
@@ -139,6 +156,7 @@ def ingest_phase(workdir: Path, runs: int, frames: int) -> dict[str, object]:
                     print(f"ingest round {round_no + 1}, metrics {which}: {rate:,.0f} frames/s, "
                           f"gateway {cpu[which][-1]:.1f} CPU µs a frame", flush=True)
         result = summary(rates["on"], rates["off"], cpu["on"], cpu["off"])
+        result["scrape_cpu_ms"] = round(scrape_cpu_ms(on.pid, f"http://127.0.0.1:{metrics_port}/metrics"), 3)
         result.update({"frames_per_run": frames, "scrapes": scraper.scrapes, "scrape_failures": scraper.failures,
                        "scrape_bytes": scraper.bytes})
         return result
@@ -189,6 +207,14 @@ def ledger_phase(workdir: Path, runs: int, seconds: float) -> dict[str, object]:
                 print(f"ledger round {round_no + 1}, metrics {which}: {rate:,.0f} transitions/s, "
                       f"ledger {cpu[which][-1]:.1f} CPU µs a transition", flush=True)
         result = summary(rates["on"], rates["off"], cpu["on"], cpu["off"])
+        port = embedded.free_port()
+        (workdir / "ledger.health").unlink(missing_ok=True)
+        with environment(SHARDBUS_METRICS_PORT=str(port)):
+            ledger = ledger_bench.start_ledger(workdir, nats_server.url, db_url)
+        try:  # a scrape asks PostgreSQL for the outbox: what that costs the ledger, idle
+            result["scrape_cpu_ms"] = round(scrape_cpu_ms(ledger.pid, f"http://127.0.0.1:{port}/metrics"), 3)
+        finally:
+            embedded.stop_process(ledger)
         result.update({"seconds_per_run": seconds, "clients": ledger_bench.CLIENTS, "scrapes": scrapes})
         return result
     finally:
