@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 
 # `make up` takes ports and the rest as make variables (each also read as SHARDBUS_<NAME> from
 # the environment by `shardbus up` itself): make up SHARD_PORT=2595 NATS_PORT=4223 WEB_PORT=8080
-# (also NATS_WS_PORT, POSTGRES_PORT, REPLICAS=web=2,gateway=2, STATE_DIR=…). Without them, the
+# (also NATS_WS_PORT, POSTGRES_PORT, METRICS_PORT, REPLICAS=web=2,gateway=2, STATE_DIR=…). Without them, the
 # previous start's ports are kept when free.
 UP_ARGS = $(if $(STATE_DIR),--state-dir $(STATE_DIR)) \
 	$(if $(SHARD_PORT),--shard-port $(SHARD_PORT)) \
@@ -27,6 +27,7 @@ UP_ARGS = $(if $(STATE_DIR),--state-dir $(STATE_DIR)) \
 	$(if $(NATS_WS_PORT),--nats-ws-port $(NATS_WS_PORT)) \
 	$(if $(WEB_PORT),--web-port $(WEB_PORT)) \
 	$(if $(POSTGRES_PORT),--postgres-port $(POSTGRES_PORT)) \
+	$(if $(METRICS_PORT),--metrics-port $(METRICS_PORT)) \
 	$(if $(REPLICAS),--replicas $(REPLICAS))
 
 up: $(STAMP)

@@ -51,7 +51,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
         return 2
     state_dir = Path(args.state_dir) if args.state_dir else stack_env.state_dir()
     return up(state_dir, ports["shard"], args.replicas, args.nats_cluster, nats_port=ports["nats"],
-              nats_ws_port=ports["nats_ws"], web_port=ports["web"], postgres_port=ports["postgres"])
+              nats_ws_port=ports["nats_ws"], web_port=ports["web"], postgres_port=ports["postgres"],
+              metrics_port=ports["metrics"])
 
 
 def _replicas_arg(spec: str) -> dict[str, int]:
@@ -194,7 +195,9 @@ def build_parser(stack: Any = None) -> argparse.ArgumentParser:
                       ("nats", "NATS client port; cluster nodes use the next ones"),
                       ("nats_ws", "NATS WebSocket port for browser pages; cluster nodes use the next ones"),
                       ("web", "the web door's HTTP port, shared by its replicas"),
-                      ("postgres", "PostgreSQL's port")):  # the keys of shardbus.stack.PORTS
+                      ("postgres", "PostgreSQL's port"),
+                      ("metrics", "the first process's /metrics port; the other processes use the next ones")):
+        # the keys of shardbus.stack.PORTS
         up.add_argument(f"--{key.replace('_', '-')}-port", dest=f"{key}_port", type=int, default=None,
                         help=f"{what} ({port_help.format(name=key.upper() + '_PORT')})")
     up.add_argument("--replicas", type=_replicas_arg, default=None, metavar="SERVICE=N,…",

@@ -49,6 +49,7 @@ PORTS = {
     "shard": ("SHARD_PORT", "the shard listener"),
     "web": ("WEB_PORT", "the web door"),
     "postgres": ("POSTGRES_PORT", "PostgreSQL"),
+    "metrics": ("METRICS_PORT", "the services' metrics endpoints"),
 }
 """The ports ``up`` takes. Each can be asked for with ``--<name>-port``, ``SHARDBUS_<NAME>_PORT``
 or ``make up <NAME>_PORT=…``."""
@@ -194,6 +195,7 @@ class Stack:
     nats_ws_port: int = 0
     web_port: int = 0
     postgres_port: int = 0
+    metrics_port: int = 0
     say: Callable[[str], None] | None = None
     """Where the start says what it waits for and which previous port it could not keep (None: silent)."""
     lock: IO[str] | None = None
@@ -271,9 +273,9 @@ class Stack:
         else the previous start's when it is free, else a free one; keep the choice in
         ``ports.json`` for the next start."""
         asked = {"nats": self.nats_port, "nats_ws": self.nats_ws_port, "shard": self.shard_port,
-                 "web": self.web_port, "postgres": self.postgres_port}
+                 "web": self.web_port, "postgres": self.postgres_port, "metrics": self.metrics_port}
         counts = {"nats": self.nats_nodes, "nats_ws": self.nats_nodes, "shard": self.replicas["gateway"],
-                  "web": 1, "postgres": 1}
+                  "web": 1, "postgres": 1, "metrics": sum(self.replicas[s] for s in registry.NAMES)}
         previous = self._previous_ports()
         avoid = {port for ports in previous.values() for port in ports}  # kept for their own use
         taken: dict[int, str] = {}
@@ -285,7 +287,7 @@ class Stack:
             for i in range(counts[key]):
                 if asked[key]:
                     port = asked[key] + i
-                    whose = "gateway replica" if key == "shard" else "NATS node"
+                    whose = {"shard": "gateway replica", "metrics": "process"}.get(key, "NATS node")
                     label = name if i == 0 else f"{name}+{i}: {whose} {i + 1}"
                     if port in taken:
                         raise PortTaken(f"port {port} ({label}) is asked for twice: also as {taken[port]}")
@@ -367,10 +369,13 @@ class Stack:
             "SHARDBUS_WEB_OPERATOR_TOKEN": self.web_operator_token,
             "SHARDBUS_WEB_DEFAULT_SHARD": SIMULATOR_SHARD,
         }
+        # Each process serves /metrics on a port of its own, in the order the children start.
+        metrics_ports = iter(ports["metrics"])
         for service in registry.NAMES:
             for index in range(1, self.replicas[service] + 1):
                 name = f"{service}-{index}"
-                env = {**base, "SHARDBUS_HEALTH_FILE": str(run / f"{name}.health")}
+                env = {**base, "SHARDBUS_HEALTH_FILE": str(run / f"{name}.health"),
+                       "SHARDBUS_METRICS_HOST": "127.0.0.1", "SHARDBUS_METRICS_PORT": str(next(metrics_ports))}
                 if service == "gateway":
                     env["SHARDBUS_SHARD_PORT"] = str(ports["shard"][index - 1])
                 if service == "web":
@@ -425,7 +430,13 @@ class Stack:
             "WEB_OPERATOR_TOKEN": self.web_operator_token,
             "CONSOLE_URL": self.web_url + "/console",
             "PROTOCOL": str(PROTOCOL_VERSION),
+            "METRICS_URLS": ",".join(self.metrics_urls),
         }
+
+    @property
+    def metrics_urls(self) -> list[str]:
+        """Every process's Prometheus endpoint, in the order the children start."""
+        return [f"http://127.0.0.1:{port}/metrics" for port in self.ports.get("metrics", [])]
 
     def supervise_once(self) -> list[str]:
         """Restart any service that died; returns the names restarted."""
@@ -477,13 +488,13 @@ def _say(line: str) -> None:
 
 def up(state_dir: Path, shard_port: int = 0, replicas: dict[str, int] | None = None,
        nats_nodes: int = 1, *, nats_port: int = 0, nats_ws_port: int = 0, web_port: int = 0,
-       postgres_port: int = 0) -> int:
+       postgres_port: int = 0, metrics_port: int = 0) -> int:
     """Run the embedded stack in the foreground until Ctrl-C or SIGTERM: ``replicas``
     processes per service (default one each), on one nats-server or a cluster of
     ``nats_nodes``; a port given (non-zero) must be free."""
     stack = Stack(state_dir.resolve(), shard_port, replicas or one_each(),
                   nats_nodes, nats_port=nats_port, nats_ws_port=nats_ws_port, web_port=web_port,
-                  postgres_port=postgres_port, say=_say)
+                  postgres_port=postgres_port, metrics_port=metrics_port, say=_say)
     try:
         stack.acquire()
     except AlreadyRunning as exc:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import socket
 import time
 import weakref
@@ -126,16 +127,51 @@ class _DirectOnly(BaseMiddleware):
             raise SkipMessage  # FastStream drops it: no handler, no reply
 
 
+_ENCODED_STATUS = re.compile(rb'\{"status": ?(\d{3})[,}]')
+"""The status of a reply already encoded (a page: ``{"status": 200, …``)."""
+
+
+class CountReplies:
+    """Broker middleware: counts each request's reply by subject and status into ``counts``
+    ((subject label, status) → n; a service's metrics read it). Placed outside the exception
+    middleware, it sees the replies of failures too. ``label`` bounds the subject (a known one,
+    else ``other``)."""
+
+    def __init__(self, counts: dict[tuple[str, int], int], label: Callable[[str], str]) -> None:
+        self.counts, self.label = counts, label
+
+    def __call__(self, msg: Any, /, *, context: Any) -> BaseMiddleware:
+        return _CountReplies(msg, context=context, gate=self)
+
+
+class _CountReplies(BaseMiddleware):
+    def __init__(self, msg: Any, /, *, context: Any, gate: CountReplies) -> None:
+        super().__init__(msg, context=context)
+        self.gate = gate
+
+    async def consume_scope(self, call_next: Any, msg: Any) -> Any:
+        result = await call_next(msg)
+        status: Any = HTTPStatus.OK
+        if isinstance(result, dict):
+            status = result.get("status", HTTPStatus.OK)
+        elif isinstance(result, bytes) and (found := _ENCODED_STATUS.match(result)):
+            status = int(found[1])
+        key = (self.gate.label(getattr(msg.raw_message, "subject", "")), int(status) if isinstance(status, int) else 0)
+        self.gate.counts[key] = self.gate.counts.get(key, 0) + 1
+        return result
+
+
 _closed_guards: weakref.WeakKeyDictionary[NatsBroker, ClosedForGood] = weakref.WeakKeyDictionary()
 """Each service broker's ``closed_cb``, which :func:`make_app` arms while the app runs."""
 
 
 def make_broker(settings: CommonSettings, service: str,
-                error_replies: dict[type[Exception], ErrorHandler] | None = None) -> NatsBroker:
+                error_replies: dict[type[Exception], ErrorHandler] | None = None,
+                count_replies: CountReplies | None = None) -> NatsBroker:
     """A broker for ``service``: named, reconnecting for ever, and answering every request.
 
     ``error_replies`` maps further exception types (e.g. a database outage) to the reply
-    the caller gets; the most specific type wins."""
+    the caller gets; the most specific type wins. ``count_replies`` counts the replies."""
     handlers = error_handlers(error_replies)
     middleware = ExceptionMiddleware(
         publish_handlers={exc: (lambda e, _h=h: _h(e)) for exc, h in handlers.items()}
@@ -146,7 +182,7 @@ def make_broker(settings: CommonSettings, service: str,
         servers,
         # DirectOnly first: a refused message must not reach the exception middleware (whose
         # answer would go to the refused message's reply).
-        middlewares=[DirectOnly(service), middleware],
+        middlewares=[DirectOnly(service), *([count_replies] if count_replies else []), middleware],
         logger=logging.getLogger(f"shardbus.{service}.faststream"),
         # FastStream's "Received"/"Processed" lines per message, at DEBUG: at INFO they were
         # two log lines per ledger request (1.2 MB in a 10-minute soak) for nothing an

@@ -44,6 +44,16 @@ class CommonSettings(BaseSettings):
         "connection is up (compose health checks read it).",
     )
 
+    metrics_port: int = Field(
+        default=0, ge=0, le=65535,
+        description="Port of the service's Prometheus endpoint (http://<metrics_host>:<port>/metrics); "
+        "0 = no endpoint. `shardbus up` gives each process its own.",
+    )
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="Address the Prometheus endpoint listens on (0.0.0.0 in a container).",
+    )
+
     @field_validator("log_level")
     @classmethod
     def _known_level(cls, value: str) -> str:

@@ -20,6 +20,7 @@ import uvloop
 from faststream import FastStream
 from faststream.nats import NatsBroker
 
+from services.cleanup import metrics
 from services.cleanup.ledger_client import NO_LEDGER, LedgerClient, LedgerError
 from services.cleanup.port import NatsPort
 from services.cleanup.reconcile import Reconciler
@@ -28,6 +29,7 @@ from services.cleanup.sweep import Limits, RunReport, Sweeper
 from shared import replies, subjects
 from shared.broker import add_health, make_app, make_broker
 from shared.contracts.cleanup import QUEUE, ReconcileRequest, RetryRequest, SweepRequest
+from shared.metrics import serve_metrics
 from shared.request_body import decode_body
 
 log = logging.getLogger("shardbus.cleanup")
@@ -67,6 +69,7 @@ class _Workers:
 
     def __init__(self, broker: NatsBroker, settings: CleanupSettings) -> None:
         self.broker, self.settings = broker, settings
+        self.counts = metrics.CleanupCounts()
         self._built: _Built | None = None
 
     def built(self) -> _Built:
@@ -79,7 +82,7 @@ class _Workers:
                 runs_per_batch=settings.sweep_runs_per_batch, runs_in_flight=settings.sweep_runs_in_flight,
                 give_back_concurrency=settings.give_back_concurrency,
                 claim_timeout_s=settings.claim_timeout_s, command_timeout_s=settings.command_timeout_s,
-                away_backoff_s=settings.away_backoff_s, away_backoff_max_s=settings.away_backoff_max_s))
+                away_backoff_s=settings.away_backoff_s, away_backoff_max_s=settings.away_backoff_max_s), self.counts)
             self._built = _Built(sweeper, Reconciler(port, ledger, sweeper.shard_of, settings.command_timeout_s))
         return self._built
 
@@ -198,4 +201,5 @@ def create_app(settings: CleanupSettings | None = None) -> FastStream:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     add_health(app, broker, "cleanup", settings)
+    serve_metrics(app, broker, "cleanup", settings, metrics.collector(workers.counts))
     return app

@@ -29,6 +29,7 @@ from typing import Any
 from services.cleanup import giveback
 from services.cleanup.classify import Outcome, Verdict
 from services.cleanup.ledger_client import MAX_LIMIT, LedgerClient, LedgerError
+from services.cleanup.metrics import CleanupCounts
 from services.cleanup.port import Port
 from shared.contracts import ledger_statuses
 
@@ -139,10 +140,12 @@ def _camel(name: str) -> str:
 class Sweeper:
     """Runs sweeps against the ledger and the shard, over a :class:`Port`."""
 
-    def __init__(self, port: Port, ledger: LedgerClient, limits: Limits) -> None:
+    def __init__(self, port: Port, ledger: LedgerClient, limits: Limits, counts: CleanupCounts | None = None) -> None:
         self.port, self.ledger, self.limits = port, ledger, limits
         self.give_backs = asyncio.Semaphore(limits.give_back_concurrency)
         self.shards: dict[str, str] = {}
+        self.counts = counts or CleanupCounts()
+        """What the sweeps did (the service's metrics)."""
 
     async def sweep(self) -> SweepReport:
         """One whole sweep: settle, then every candidate run, a bounded batch at a time."""
@@ -170,6 +173,9 @@ class Sweeper:
         except LedgerError as exc:
             report.error = str(exc)  # the caller logs the sweep's outcome once, at its level
         report.duration_s = time.monotonic() - started
+        self.counts.sweep_seconds.observe(report.duration_s)
+        if not report.error:
+            self.counts.runs_waiting = sum(1 for r in report.runs if r.away and r.cleanup_status not in SETTLED)
         return report
 
     async def _sweep_runs(self, run_ids: list[str]) -> list[RunReport]:
@@ -218,7 +224,15 @@ class Sweeper:
                          extra={"runId": run_id, "status": exc.status, "reason": exc.error})
             else:
                 log.warning("run not swept: the ledger failed", extra={"runId": run_id, "reason": str(exc)})
+        self._count(report)
         return report
+
+    def _count(self, report: RunReport) -> None:
+        give_backs = self.counts.give_backs
+        for verdict in give_backs:
+            give_backs[verdict] += getattr(report, verdict)
+        if report.cleanup_status in self.counts.finished:
+            self.counts.finished[report.cleanup_status] += 1
 
     async def retry(self, run_id: str) -> RunReport:
         """Manual retry of an ``incomplete`` run: reset its attempts, sweep it now."""

@@ -15,10 +15,12 @@ from faststream import FastStream
 from faststream.nats import NatsBroker
 
 from services.gateway import asyncapi_schema as doc
+from services.gateway import metrics
 from services.gateway.gateway import Gateway, Serving, serve
 from services.gateway.settings import GatewaySettings
 from shared import logs, subjects
 from shared.broker import add_health, make_app, make_broker
+from shared.metrics import serve_metrics
 
 LOOP_FACTORY = uvloop.new_event_loop
 """``shardbus run gateway`` runs on uvloop: with many shards every frame is its own turn of the
@@ -85,6 +87,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastStream:
         return {"shard_addr": f"{addr[0]}:{addr[1]}", "shards": sorted(serving.gateway.links)}
 
     add_health(app, broker, "gateway", settings, details)
+    serve_metrics(app, broker, "gateway", settings, metrics.collector(lambda: running.gateway))
     document_shard_plane(app, broker, settings)
     return app
 

@@ -26,6 +26,7 @@ from nats.aio.msg import Msg
 from services.gateway import command_plane
 from services.gateway.command_plane import CommandRejected
 from services.gateway.link import ShardLink, Waiting
+from services.gateway.metrics import GatewayCounts
 from services.gateway.reply_mapping import status_for
 
 log = logging.getLogger("shardbus.gateway")
@@ -47,6 +48,7 @@ class Reply:
     link: ShardLink
     waiting: Waiting
     data: bytes
+    status: int
 
 
 class CommandRelay:
@@ -54,8 +56,10 @@ class CommandRelay:
     for ``timeout_s`` (then 504), and the caller's reply ``{"status", "body"}`` or, when the
     gateway answers by itself, ``{"status", "error"}``."""
 
-    def __init__(self, nc: Client, timeout_s: float, max_pending: int = 1000) -> None:
+    def __init__(self, nc: Client, timeout_s: float, max_pending: int = 1000,
+                 counts: GatewayCounts | None = None) -> None:
         self.nc = nc
+        self.counts = counts or GatewayCounts()
         self.timeout_s = timeout_s
         self.max_pending = max_pending
         self._watched: dict[ShardLink, None] = {}
@@ -76,7 +80,7 @@ class CommandRelay:
             self._check_room(link)
         except CommandRejected as exc:
             if reply:
-                await self._reply(link, reply, headers, verb, _error(exc.status, exc.error))
+                await self._reply(link, reply, headers, verb, _error(exc.status, exc.error), exc.status)
             return
         req_id = command_plane.new_req_id()
         if reply:  # a command nobody waits for is sent all the same; nothing to answer
@@ -85,7 +89,8 @@ class CommandRelay:
             if link not in self._watched:
                 self._watched[link] = None
                 self._start_sweeping()
-        link.post(command_plane.command_line(verb, body, req_id))
+        if link.post(command_plane.command_line(verb, body, req_id)):
+            self.counts.frame_out(verb)
 
     def _check_room(self, link: ShardLink) -> None:
         """503 when the link cannot take another command: closed, its reqId map full, or its
@@ -112,11 +117,13 @@ class CommandRelay:
         if type(req_id) is not str or (waiting := link.pending.pop(req_id, None)) is None:
             return None
         # The shard's line is the body verbatim: spliced in, not parsed and dumped again.
-        return Reply(link, waiting, b'{"status":%d,"body":%s}' % (status_for(waiting.verb, body), line.strip()))
+        status = status_for(waiting.verb, body)
+        return Reply(link, waiting, b'{"status":%d,"body":%s}' % (status, line.strip()), status)
 
     async def send(self, reply: Reply) -> None:
         """Send the caller its reply (nats-py queues it for this turn's write to NATS)."""
-        await self._reply(reply.link, reply.waiting.reply, reply.waiting.headers, reply.waiting.verb, reply.data)
+        await self._reply(reply.link, reply.waiting.reply, reply.waiting.headers, reply.waiting.verb, reply.data,
+                          reply.status, reply.waiting)
 
     async def answered(self, link: ShardLink, body: dict[str, Any], line: bytes) -> None:
         """:meth:`answer` and :meth:`send` in one."""
@@ -131,7 +138,7 @@ class CommandRelay:
         if waiting:
             data = _error(HTTPStatus.SERVICE_UNAVAILABLE, f"shard {link.shard} disconnected ({why}) before answering")
             for one in waiting:
-                await self._reply(link, one.reply, one.headers, one.verb, data)
+                await self._reply(link, one.reply, one.headers, one.verb, data, HTTPStatus.SERVICE_UNAVAILABLE, one)
 
     async def stop(self) -> None:
         """Stop the sweeper (the gateway stops; its links are closed first)."""
@@ -184,11 +191,16 @@ class CommandRelay:
         for link, waiting in expired:
             data = _error(HTTPStatus.GATEWAY_TIMEOUT,
                           f"shard {link.shard} did not answer {waiting.verb} within {self.timeout_s} s")
-            await self._reply(link, waiting.reply, waiting.headers, waiting.verb, data)
+            await self._reply(link, waiting.reply, waiting.headers, waiting.verb, data, HTTPStatus.GATEWAY_TIMEOUT,
+                              waiting)
         return due
 
     async def _reply(self, link: ShardLink, reply: str, headers: dict[str, str] | None, verb: str,
-                     data: bytes) -> None:
+                     data: bytes, status: int, waited: Waiting | None = None) -> None:
+        # Counted (commands_total, command_duration_seconds): a waiting command's deadline is
+        # its start plus the timeout, so no start time is kept.
+        self.counts.replied(status, None if waited is None else
+                            asyncio.get_running_loop().time() - (waited.deadline - self.timeout_s))
         # What Msg.respond does (the request's headers go back with the reply), without a Msg.
         try:
             await self.nc.publish(reply, data, headers=headers)

@@ -21,6 +21,7 @@ from services.gateway.board_store import direct, news_line
 from services.gateway.command_relay import CommandRelay
 from services.gateway.intake import FrameIntake, Spawn
 from services.gateway.link import ShardLink
+from services.gateway.metrics import GatewayCounts
 from services.gateway.settings import GatewaySettings
 from services.gateway.wire import Hello, HelloRefused, LineTooLong, check_hello, read_line
 from shared import subjects
@@ -36,9 +37,11 @@ class Connections:
     ``links`` (shard → link) while it lasts; a shard's new connection replaces its old one."""
 
     def __init__(self, nc: Client, settings: GatewaySettings, line_cap: int, links: dict[str, ShardLink],
-                 intake: FrameIntake, commands: CommandRelay, spawn: Spawn) -> None:
+                 intake: FrameIntake, commands: CommandRelay, spawn: Spawn,
+                 counts: GatewayCounts | None = None) -> None:
         self.nc, self.settings, self.line_cap = nc, settings, line_cap
         self.links, self.intake, self.commands, self.spawn = links, intake, commands, spawn
+        self.counts = counts or GatewayCounts()
 
     def token_for(self, shard: str) -> str:
         """The token ``shard`` must present: its own if configured, else the common one."""
@@ -60,6 +63,7 @@ class Connections:
             await self._read_lines(link, reader)
         except HelloRefused as exc:
             log.warning("hello refused", extra={"peer": peer, "reason": str(exc)})
+            self.counts.frame_out(HELLO_REFUSED)
             await _tell_refused(writer, str(exc))
         except (LineTooLong, TimeoutError, ConnectionError) as exc:
             why = str(exc) or type(exc).__name__
@@ -95,6 +99,7 @@ class Connections:
 
         async def on_news(msg: Msg) -> None:
             if direct(msg, announcements):
+                self.counts.frame_out("news.add")
                 self.spawn(link.send(news_line(json.loads(msg.data), announce=True)))
 
         link.subscriptions = [await self.nc.subscribe(commands, cb=on_command),
@@ -110,6 +115,7 @@ class Connections:
 
     async def detach(self, link: ShardLink, why: str) -> None:
         """Close the link (commands still waiting get their 503 now) and drop its subscriptions."""
+        self.counts.remember(link.shard, link.last_line_at)
         # Closed first: a command arriving until the unsubscription lands gets a 503 at once.
         if not link.closed:
             log.info("shard disconnected", extra={"shard": link.shard, "reason": why, "frames": link.frames,
@@ -148,6 +154,7 @@ class Connections:
                 return
             if time.monotonic() >= next_ping:
                 next_ping += self.settings.ping_every_s
+                self.counts.frame_out("gateway.ping")
                 await link.send(ping)
 
     async def _read_lines(self, link: ShardLink, reader: asyncio.StreamReader) -> None:

@@ -21,6 +21,7 @@ from services.gateway.command_relay import CommandRelay
 from services.gateway.connections import Connections
 from services.gateway.intake import FrameIntake
 from services.gateway.link import ShardLink
+from services.gateway.metrics import GatewayCounts
 from services.gateway.publisher import ShardPublisher
 from services.gateway.settings import GatewaySettings
 from services.gateway.streams import declare_streams
@@ -42,6 +43,8 @@ class Gateway:
         self.links: dict[str, ShardLink] = {}
         self.boards = BoardStore(nc, settings.board_bucket_prefix, settings.jetstream_replicas)
         self._tasks: set[asyncio.Future[None]] = set()
+        self.counts = GatewayCounts()
+        """What the gateway counted since it started (its metrics: ``metrics.py``)."""
         self.line_cap = min(settings.max_line_bytes, nc.max_payload - HEADER_ROOM)
         """The longest line accepted: a line plus the headers the gateway adds always fits in
         one NATS message (the server's max_payload, from its INFO)."""
@@ -49,10 +52,11 @@ class Gateway:
             log.info("line cap lowered to fit NATS's max_payload",
                      extra={"max_line_bytes": settings.max_line_bytes, "line_cap": self.line_cap,
                             "max_payload": nc.max_payload})
-        self.commands = CommandRelay(nc, settings.command_timeout_s, settings.max_pending_commands)
-        self.intake = FrameIntake(nc, self.js, settings, self.boards, self.links, self.commands, self._spawn)
+        self.commands = CommandRelay(nc, settings.command_timeout_s, settings.max_pending_commands, self.counts)
+        self.intake = FrameIntake(nc, self.js, settings, self.boards, self.links, self.commands, self._spawn,
+                                  self.counts)
         self.connections = Connections(nc, settings, self.line_cap, self.links, self.intake,
-                                       self.commands, self._spawn)
+                                       self.commands, self._spawn, self.counts)
 
     @property
     def publishers(self) -> dict[str, ShardPublisher]:

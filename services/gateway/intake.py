@@ -19,6 +19,7 @@ from services.gateway.board_store import BoardStore
 from services.gateway.boards import RosterAssembler, board_ops
 from services.gateway.command_relay import CommandRelay
 from services.gateway.link import ShardLink
+from services.gateway.metrics import BOARD_UNUSABLE, GatewayCounts, reason_label
 from services.gateway.publisher import REASON_CHARS, REASON_HEADER, AckInbox, Outgoing, ShardPublisher
 from services.gateway.settings import GatewaySettings
 from services.gateway.wire import DeadLetter, sort_line
@@ -42,11 +43,13 @@ class FrameIntake:
     a frame's ``seq`` on the shard's link once JetStream holds it."""
 
     def __init__(self, nc: Client, js: JetStreamContext, settings: GatewaySettings, boards: BoardStore,
-                 links: Mapping[str, ShardLink], commands: CommandRelay, spawn: Spawn) -> None:
+                 links: Mapping[str, ShardLink], commands: CommandRelay, spawn: Spawn,
+                 counts: GatewayCounts | None = None) -> None:
         self.nc, self.js, self.settings, self.boards = nc, js, settings, boards
         self.links = links
         self.commands = commands
         self.spawn = spawn
+        self.counts = counts or GatewayCounts()
         self.publishers: dict[str, ShardPublisher] = {}
         self.acks = AckInbox(nc)
         """JetStream's acknowledgements of every shard's publisher, on one subscription."""
@@ -67,12 +70,14 @@ class FrameIntake:
         link = self.links.get(shard)
         if item.ack_seq is None or link is None:
             return
-        link.post(b'{"kind":"frame.ack","seq":%d}\n' % item.ack_seq)
+        if link.post(b'{"kind":"frame.ack","seq":%d}\n' % item.ack_seq):
+            self.counts.frames_out["frame.ack"] += 1
 
     async def take_hello(self, link: ShardLink, first: bytes) -> None:
         """The hello that opened the link: forwarded without its token (a secret never goes into
         the stream), and the stored news replayed."""
         data = without_token(json.loads(first))
+        self.counts.frame_in("server.hello")
         await self.publisher(link.shard).put(
             Outgoing(subjects.frame(link.shard, "server.hello"), data, f"{link.shard}.{link.epoch}.0"))
         self.spawn(self._replay_news(link))
@@ -84,10 +89,12 @@ class FrameIntake:
         msg_id = f"{shard}.{link.epoch}.{link.line_no}"
         if isinstance(item, DeadLetter):
             link.dead_letters += 1
+            self.counts.dead_letter(reason_label(item.reason))
             log.warning("dead letter", extra={"shard": shard, "reason": item.reason, "line_no": link.line_no})
             await self.publisher(shard).put(Outgoing(subjects.deadletter(shard), line, msg_id,
                                                      {REASON_HEADER: item.reason[:REASON_CHARS]}))
             return
+        self.counts.frame_in(item.kind)
         if item.kind == PONG:
             return
         if item.kind == "server.hello":
@@ -124,6 +131,7 @@ class FrameIntake:
         if problem is not None:
             # Forwarded as a frame all the same; the board could not use it, and says why.
             link.dead_letters += 1
+            self.counts.dead_letter(BOARD_UNUSABLE)
             log.warning("dead letter", extra={"shard": shard, "reason": problem, "line_no": link.line_no})
             await self.publisher(shard).put(Outgoing(subjects.deadletter(shard), line, f"{msg_id}.board",
                                                      {REASON_HEADER: problem[:REASON_CHARS]}))
@@ -138,6 +146,7 @@ class FrameIntake:
             return
         for line in lines:
             await link.send(line)
+        self.counts.frame_out("news.add", len(lines))
 
     async def stop(self) -> None:
         """Let buffered frames reach JetStream, then stop every publisher."""

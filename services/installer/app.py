@@ -13,6 +13,7 @@ from typing import Any
 from faststream import FastStream
 from pydantic import ValidationError
 
+from services.installer import metrics
 from services.installer.download import Fetcher
 from services.installer.refusals import Refused
 from services.installer.settings import InstallerSettings
@@ -27,6 +28,7 @@ from shared.contracts import installer as c
 # globals, so a short alias (``c.InstallRequest``) could meet a caller's own ``c``.
 from shared.contracts.installer import InstallRequest, RemoveRequest
 from shared.logs import redact
+from shared.metrics import serve_metrics
 from shared.nats_connect import connection_name
 
 log = logging.getLogger("shardbus.installer")
@@ -125,4 +127,5 @@ def create_app(settings: InstallerSettings | None = None) -> FastStream:
                      declared=installer().declared)
 
     add_health(app, broker, "installer", settings)
+    serve_metrics(app, broker, "installer", settings, metrics.collector(lambda: state.get("installer"), fetcher))
     return app

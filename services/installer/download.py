@@ -187,11 +187,18 @@ class Fetcher:
         self.attempts = attempts
         self.retry_wait_s = retry_wait_s
         self._tls = ssl.create_default_context()
+        self.fetched_bytes = 0
+        """Bytes read from release servers since the service started (its metrics)."""
+        self._counting = threading.Lock()  # fetches run in threads, several at once
         if ca_file:
             self._tls.load_verify_locations(ca_file)
 
     def close(self) -> None:
         """Nothing is pooled: each fetch has its own connection."""
+
+    def _fetched(self, n: int) -> None:
+        with self._counting:
+            self.fetched_bytes += n
 
     def fetch_manifest(self, url: str, max_bytes: int) -> bytes:
         """The manifest's bytes (at most ``max_bytes``), fetched within the timeout."""
@@ -206,6 +213,7 @@ class Fetcher:
                     raise Refused(BAD_INPUT, f"the manifest at {url} is larger than {max_bytes} bytes")
                 while chunk := response.read(max_bytes + 1 - size):
                     size += len(chunk)
+                    self._fetched(len(chunk))
                     if size > max_bytes:
                         raise Refused(BAD_INPUT, f"the manifest at {url} is larger than {max_bytes} bytes")
                     chunks.append(chunk)
@@ -231,6 +239,7 @@ class Fetcher:
                                                  f"{max_bytes} bytes")
                     while chunk := response.read(READ_BYTES):
                         size += len(chunk)
+                        self._fetched(len(chunk))
                         if size > max_bytes:
                             raise Refused(BAD_INPUT, f"the artifact at {url} is over the cap of {max_bytes} bytes")
                         digest.update(chunk)

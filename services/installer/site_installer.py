@@ -83,6 +83,10 @@ def _maybe_module(m: modules_dir.InstalledModule | None) -> dict[str, Any] | Non
     return None if m is None else _module(m)
 
 
+OUTCOMES = ("installed", "upgraded", "unchanged", "refused", "failed")
+"""What an install ends in: its action, a refusal (any status) or an unexpected failure."""
+
+
 class SiteInstaller:
     """Installs, upgrades, removes and lists the module of one site (one modules directory)."""
 
@@ -94,6 +98,8 @@ class SiteInstaller:
                                      max_ratio=settings.archive_max_ratio)
         self.declared: list[dict[str, Any]] = []
         """What became of each declared module at start (for ``installer.list``)."""
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)
+        """Installs by outcome since the service started (its metrics)."""
 
     def modules(self) -> list[dict[str, Any]]:
         """The installed modules as a loader sees them (normally none or one)."""
@@ -101,6 +107,18 @@ class SiteInstaller:
 
     async def install(self, url: str, progress: StageProgress | None = None) -> dict[str, Any]:
         """Install or upgrade from the manifest at ``url``; the result, or :class:`Refused`."""
+        try:
+            result = await self._install(url, progress)
+        except Refused:
+            self.outcomes["refused"] += 1
+            raise
+        except Exception:
+            self.outcomes["failed"] += 1
+            raise
+        self.outcomes[result["action"]] += 1
+        return result
+
+    async def _install(self, url: str, progress: StageProgress | None) -> dict[str, Any]:
         progress = progress or _no_progress
         await progress("manifest", 0, None)
         body = await asyncio.to_thread(self.fetcher.fetch_manifest, url, self.settings.manifest_max_bytes)

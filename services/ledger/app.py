@@ -18,7 +18,7 @@ from faststream import FastStream, Path
 from faststream.nats import NatsBroker
 from pydantic import BaseModel
 
-from services.ledger import console, expiry, migrate, resources, runs, statuses, sweep
+from services.ledger import console, expiry, metrics, migrate, resources, runs, statuses, sweep
 from services.ledger.dispatcher import Dispatcher, Handler, HotSubject
 from services.ledger.event_stream import declare_events_stream
 from services.ledger.hot_subjects import Batching, HotActions
@@ -27,9 +27,10 @@ from services.ledger.request_paths import SERVED, Served
 from services.ledger.settings import LedgerSettings
 from services.ledger.store import Change, Database, DatabaseUnavailable, LedgerError, is_outage
 from shared import replies, subjects
-from shared.broker import add_health, error_handlers, make_app, make_broker
+from shared.broker import CountReplies, add_health, error_handlers, make_app, make_broker
 from shared.contracts import ledger as c
 from shared.database import safe_url
+from shared.metrics import serve_metrics
 from shared.request_body import decode_body
 
 log = logging.getLogger("shardbus.ledger")
@@ -77,7 +78,9 @@ ERROR_REPLIES: dict[type[Exception], Callable[[Exception], dict[str, Any]]] = {
 def create_app(settings: LedgerSettings | None = None) -> FastStream:
     """The ledger as a FastStream app: run it with ``shardbus run ledger``."""
     settings = settings or LedgerSettings()
-    broker = make_broker(settings, "ledger", error_replies=ERROR_REPLIES)
+    replies: dict[tuple[str, int], int] = {}
+    broker = make_broker(settings, "ledger", error_replies=ERROR_REPLIES,
+                         count_replies=CountReplies(replies, metrics.subject_label))
     app = make_app(broker, "ledger")
     db = Database(settings.database_url, settings.db_pool_size)
     relays: list[OutboxRelay] = []
@@ -96,6 +99,8 @@ def create_app(settings: LedgerSettings | None = None) -> FastStream:
     dispatcher = Dispatcher(hot, subjects.LEDGER_QUEUE, error_handlers(ERROR_REPLIES),
                             pending_max=settings.ledger_pending_max)
     app.schema.add_broker(document)
+    meters = metrics.LedgerMeters(db, dispatcher, hot_actions, relays, replies)
+    serve_metrics(app, broker, "ledger", settings, metrics.collector(meters))
 
     @app.on_startup
     async def bring_schema_forward() -> None:
@@ -104,6 +109,7 @@ def create_app(settings: LedgerSettings | None = None) -> FastStream:
             log.info("schema ready", extra={"revision": revision,
                                             "database": safe_url(settings.database_url)})
         await db.open()
+        meters.loop = asyncio.get_running_loop()
         # Subscribed before FastStream's subscribers (and the health subject) start, so a ledger
         # that answers its health already serves every subject.
         await dispatcher.start(await broker.connect())

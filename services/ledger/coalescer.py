@@ -21,7 +21,12 @@ from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
 
+from shared.metrics import Buckets
+
 log = logging.getLogger("shardbus.ledger.coalescer")
+
+BATCH_SIZE_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+"""Upper bounds of the requests-per-statement histogram (``shardbus_ledger_batch_size``)."""
 
 Request = TypeVar("Request")
 Result = TypeVar("Result")
@@ -81,6 +86,8 @@ class Coalescer(Generic[Request, Result]):
         self.batch_max = batch_max
         self.in_flight_max = in_flight_max
         self.stats = CoalescerStats()
+        self.sizes = Buckets(BATCH_SIZE_BOUNDS)
+        """Requests per statement (the ledger's metrics)."""
         self._run_batch = run_batch
         self._run_one = run_one
         self._key = key
@@ -138,6 +145,7 @@ class Coalescer(Generic[Request, Result]):
         return batch, held
 
     async def _statement(self, batch: list[_Waiting[Request, Result]], held: list[_Waiting[Request, Result]]) -> None:
+        self.sizes.observe(len(batch))
         try:
             if len(batch) == 1:
                 await self._one(batch[0])

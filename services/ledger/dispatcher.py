@@ -92,6 +92,8 @@ class Dispatcher:
     stats: dict[str, SubjectStats] = field(default_factory=dict)
     _refusals: DirectOnly = field(default_factory=lambda: DirectOnly("ledger"))
     """Logs refusals as the FastStream path does: at most a line per subject every 10 s."""
+    replies: dict[tuple[str, int], int] = field(default_factory=dict)
+    """Replies sent, by subject and status (the ledger's metrics)."""
     _nc: Client | None = None
     _subs: list[Subscription] = field(default_factory=list)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -147,6 +149,8 @@ class Dispatcher:
             stats.under_way -= 1
 
     async def _respond(self, msg: Msg, reply: dict[str, Any] | bytes) -> None:
+        key = (msg.subject, int(reply.get("status", HTTPStatus.OK)) if isinstance(reply, dict) else HTTPStatus.OK)
+        self.replies[key] = self.replies.get(key, 0) + 1
         if not msg.reply or self._nc is None:
             return
         try:

@@ -16,6 +16,7 @@ from services.ledger.coalescer import Coalescer
 from services.ledger.statuses import Outcome
 from services.ledger.store import Change, Database, Json
 from shared.contracts import ledger as c
+from shared.metrics import Buckets
 
 Answer = tuple[Json, list[Change]]
 OneOutcome = tuple[int, Outcome, str | None]
@@ -92,6 +93,10 @@ class HotActions:
 
     async def outcome(self, resource_id: int, outcome: Outcome, error: str | None) -> Answer:
         return await self._outcome.submit((resource_id, outcome, error))
+
+    def batch_sizes(self) -> dict[str, Buckets]:
+        """Each coalescer's requests per statement, by its name."""
+        return {co.name: co.sizes for co in (self._reserve, self._record, self._confirm, self._fail, self._outcome)}
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Each coalescer's counts, by its name."""

@@ -97,6 +97,8 @@ class OutboxRelay:
         self._connect_timeout_s = connect_timeout_s
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.published = 0
+        """Events published since it started (the ledger's metrics)."""
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="ledger-outbox-relay")
@@ -192,4 +194,5 @@ class OutboxRelay:
         await asyncio.wait_for(asyncio.gather(*acks), PUBLISH_TIMEOUT_S)
         published = [event["id"] for event in events]
         await conn.execute(RELAY_DELETE.sql, *RELAY_DELETE.args({"ids": published}))
+        self.published += len(events)
         return len(events)

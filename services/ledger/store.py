@@ -109,6 +109,14 @@ class Database:
             command_timeout=self.statement_timeout_s + UNRESPONSIVE_AFTER_S,
             server_settings={"statement_timeout": str(round(self.statement_timeout_s * 1000))})
 
+    def pool_sizes(self) -> tuple[int, int]:
+        """The pool's connections in use and idle (none before it opens)."""
+        pool = self._pool
+        if pool is None:
+            return 0, 0
+        idle = pool.get_idle_size()
+        return pool.get_size() - idle, idle
+
     async def close(self) -> None:
         """Close every connection."""
         if self._pool is not None:

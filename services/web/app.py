@@ -13,9 +13,11 @@ import uvicorn
 import uvloop
 from faststream import FastStream
 
+from services.web import metrics
 from services.web.http_app import PROTOCOL_VERSION, build_http_app
 from services.web.settings import WebSettings
 from shared.broker import add_health, make_app, make_broker
+from shared.metrics import serve_metrics
 
 log = logging.getLogger("shardbus.web")
 
@@ -58,6 +60,9 @@ def create_app(settings: WebSettings | None = None) -> FastStream:
     broker = make_broker(settings, "web")
     app = make_app(broker, "web")
     http = build_http_app(settings)
+    requests = metrics.RequestCounts()
+    http.add_middleware(metrics.RequestMeter, counts=requests)
+    serve_metrics(app, broker, "web", settings, metrics.collector(requests, lambda: getattr(http.state, "feed", None)))
     state: dict[str, Any] = {}
     add_health(app, broker, "web", settings,
                details=lambda: {"url": state.get("url"), "protocol": PROTOCOL_VERSION})

@@ -40,7 +40,7 @@ from tests.system.up_process import start_command, start_up, stop_up, up_env
 
 ROOT = Path(__file__).resolve().parents[2]
 PRINTED = ("NATS_URL", "NATS_WS_URL", "DATABASE_URL", "SHARD_ADDR", "SHARD_ADDRS", "SHARD_TOKEN", "WEB_URL",
-           "WEB_WS_URL", "WEB_TOKEN", "WEB_OPERATOR_TOKEN", "CONSOLE_URL", "PROTOCOL")
+           "WEB_WS_URL", "WEB_TOKEN", "WEB_OPERATOR_TOKEN", "CONSOLE_URL", "PROTOCOL", "METRICS_URLS")
 """Every line ``make up`` prints for a shard, a website and the operator."""
 
 EVERY_SERVICE_ONCE = {"gateway": 1, "ledger": 1, "cleanup": 1, "installer": 1, "web": 1}

@@ -26,3 +26,8 @@ RELAY_TAKE = Statement("RELAY_TAKE", """
 
 RELAY_DELETE = Statement("RELAY_DELETE", "Delete the published events :ids.", """
     DELETE FROM ledger_outbox WHERE id = ANY(CAST(:ids AS bigint[]))""")
+
+RELAY_BACKLOG = Statement("RELAY_BACKLOG", """
+    How many events wait for the relay, and the oldest one's age in seconds (0: none); asked
+    once a metrics scrape.""", """
+    SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::float8 FROM ledger_outbox""")

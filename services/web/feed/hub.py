@@ -69,6 +69,8 @@ class FeedHub:
         self.budget = PullBudget(settings.web_feed_pull_bytes)
         self.clients: dict[int, FeedClient] = {}
         self.dropped: deque[FeedClient] = deque(maxlen=100)
+        self.drops = 0
+        """Clients dropped since the door started (its metrics)."""
         self.stopping = asyncio.Event()
         self._ids = itertools.count(1)
 
@@ -157,6 +159,7 @@ class FeedHub:
             client.dropped = "the feed failed; resume with since=" + str(client.last_seq)
         if client.dropped:
             self.dropped.append(client)
+            self.drops += 1
             log.info("feed client dropped", extra={"client": client.id, "transport": client.transport,
                                                    "reason": client.dropped, "sent": client.sent})
         return client.dropped
