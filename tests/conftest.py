@@ -8,8 +8,9 @@ its own handle; the servers also die with the test run if it is killed (PDEATHSI
 
 Every test is also given one cost marker here (docs/architecture.md, "The test suite"):
 ``faults`` (tests/faults), ``system`` (starts service processes, ``shardbus`` commands or
-the stack), ``integration`` (talks to a real server, starts no process of ours) or ``unit``
-(neither). A guard fails a test that does more than its marker says.
+the stack; and tests/deploy: promtool, compose, a container engine), ``integration`` (talks
+to a real server, starts no process of ours) or ``unit`` (neither). A guard fails a test that
+does more than its marker says.
 """
 
 from __future__ import annotations
@@ -111,6 +112,8 @@ def cost_of(item: pytest.Item) -> str:
     if "faults" in parts and "tests" in parts:
         return "faults"
     if "system" in parts and "tests" in parts:
+        return "system"
+    if "deploy" in parts and "tests" in parts:  # promtool, compose, a container engine: `make promtool`
         return "system"
     names = set(getattr(item, "fixturenames", ()))
     if names & PROCESS_FIXTURES:
