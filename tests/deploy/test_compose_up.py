@@ -1,12 +1,13 @@
 """compose.yaml brought up for real on a container engine (marked ``needs_engine``): the image
 built from the Dockerfile, the stack up with the gateway and the ledger at 2 replicas, a shard
 connected (the shard simulator, in a gateway container) and a command sent through the web door,
-then every replica's /metrics scraped the way Prometheus finds them (compose DNS, port 9464),
+then every replica's /metrics scraped the way Prometheus finds them (compose DNS, port 9464);
+Prometheus itself (the `monitoring` profile's) shown to find every replica and load the alerts;
 and the stack taken down with its volumes.
 
 Where no engine answers, or the images cannot be had (pulled, or named by
-``SHARDBUS_COMPOSE_TEST_IMAGES="nats=…,postgres=…,python=…"``: a mirror's copies), the test is
-skipped with the exact error. The compose file is run as a copy with the host ports left to the
+``SHARDBUS_COMPOSE_TEST_IMAGES="nats=…,postgres=…,python=…,prometheus=…"``: a mirror's copies),
+the tests are skipped with the exact error. The compose file is run as a copy with the host ports left to the
 engine (the machine's own NATS and PostgreSQL may hold 4222 and 5432) and absolute paths.
 """
 
@@ -106,7 +107,7 @@ def _images() -> dict[str, str]:
     default_python = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M)
     assert default_python
     images = {"nats": compose["services"]["nats"]["image"], "postgres": compose["services"]["postgres"]["image"],
-              "python": default_python.group(1)}
+              "python": default_python.group(1), "prometheus": compose["services"]["prometheus"]["image"]}
     for item in filter(None, os.environ.get("SHARDBUS_COMPOSE_TEST_IMAGES", "").split(",")):
         key, _, value = item.partition("=")
         assert key in images and value, f"SHARDBUS_COMPOSE_TEST_IMAGES: {item!r}"
@@ -114,15 +115,29 @@ def _images() -> dict[str, str]:
     return images
 
 
+def _qualified(engine: Engine, image: str) -> str:
+    """The name compose's Docker API gives ``image``: podman's own CLI resolves no short name."""
+    first, slash, _ = image.partition("/")
+    if engine.name != "podman" or (slash and ("." in first or ":" in first or first == "localhost")):
+        return image
+    return f"docker.io/{image if '/' in image else 'library/' + image}"
+
+
+def _missing_image(engine: Engine, image: str) -> str | None:
+    """None once ``image`` is here (pulled if need be), else the pull's error."""
+    image = _qualified(engine, image)
+    if _run([engine.name, "image", "inspect", image], check=False).returncode == 0:
+        return None
+    done = _run([engine.name, "pull", image], check=False, timeout=600)
+    return None if done.returncode == 0 else f"{engine.name} pull {image} failed: {_first_line(done)}"
+
+
 def _have_images(engine: Engine, images: dict[str, str]) -> None:
-    for image in images.values():
-        if _run([engine.name, "image", "inspect", image], check=False).returncode == 0:
-            continue
-        done = _run([engine.name, "pull", image], check=False, timeout=600)
-        if done.returncode != 0:
-            pytest.skip(f"{engine.name} pull {image} failed: {_first_line(done)} "
-                        "(give local copies with SHARDBUS_COMPOSE_TEST_IMAGES=nats=…,postgres=…,python=…)")
-    done = _run([engine.name, "run", "--rm", images["nats"], "--version"], check=False, timeout=120)
+    for key in ("nats", "postgres", "python"):
+        if error := _missing_image(engine, images[key]):
+            pytest.skip(f"{error} (give local copies with SHARDBUS_COMPOSE_TEST_IMAGES=nats=…,postgres=…,python=…)")
+    done = _run([engine.name, "run", "--rm", _qualified(engine, images["nats"]), "--version"], check=False,
+                timeout=120)
     if done.returncode != 0:
         pytest.skip(f"{engine.name} cannot run a container here: {_first_line(done)}")
 
@@ -130,8 +145,8 @@ def _have_images(engine: Engine, images: dict[str, str]) -> None:
 def _variant(images: dict[str, str], path: Path) -> None:
     """compose.yaml with the given images, host ports chosen by the engine, absolute paths."""
     compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
-    compose["services"]["nats"]["image"] = images["nats"]
-    compose["services"]["postgres"]["image"] = images["postgres"]
+    for name in ("nats", "postgres", "prometheus"):
+        compose["services"][name]["image"] = images[name]
     for service in compose["services"].values():
         if "ports" in service:
             service["ports"] = [str(port).rsplit(":", 1)[-1].split("-")[0] for port in service["ports"]]
@@ -145,8 +160,8 @@ def _variant(images: dict[str, str], path: Path) -> None:
 
 
 class Stack:
-    def __init__(self, engine: Engine, file: Path, project: str):
-        self.engine, self.file, self.project = engine, file, project
+    def __init__(self, engine: Engine, file: Path, project: str, images: dict[str, str]):
+        self.engine, self.file, self.project, self.images = engine, file, project, images
         self.env = {**engine.env, **TOKENS}
 
     def compose(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -174,8 +189,10 @@ def _health_runner(stack: Stack, stop: threading.Event) -> None:
                 _run(["podman", "healthcheck", "run", name], check=False, timeout=60)
 
 
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The image built, the stack up with the gateway and the ledger scaled, every container healthy."""
+    tmp_path = tmp_path_factory.mktemp("compose-up")
     engine = _find_engine(tmp_path)
     stop = threading.Event()
     runner: threading.Thread | None = None
@@ -184,10 +201,13 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         images = _images()
         _have_images(engine, images)
         _variant(images, tmp_path / "compose.yaml")
-        stack = Stack(engine, tmp_path / "compose.yaml", f"sbdeploy{uuid.uuid4().hex[:8]}")
+        stack = Stack(engine, tmp_path / "compose.yaml", f"sbdeploy{uuid.uuid4().hex[:8]}", images)
         if engine.name == "podman" and not Path("/run/systemd/system").exists():
             runner = threading.Thread(target=_health_runner, args=(stack, stop), daemon=True)
             runner.start()
+        stack.compose("build", timeout=1200)
+        stack.compose("up", "-d", *[a for s, n in SCALED.items() for a in ("--scale", f"{s}={n}")], timeout=900)
+        _wait_healthy(stack)
         yield stack
     finally:
         stop.set()
@@ -249,9 +269,6 @@ with urllib.request.urlopen(request, timeout=30) as answer:
 
 
 def test_compose_up_scaled_serves_frames_commands_and_metrics(stack):
-    stack.compose("build", timeout=1200)
-    stack.compose("up", "-d", *[a for s, n in SCALED.items() for a in ("--scale", f"{s}={n}")], timeout=900)
-    _wait_healthy(stack)
     # A shard on the first gateway replica: its hello and frames come in, then a command from the
     # web door reaches it through NATS whichever gateway holds it.
     stack.compose("exec", "-d", "--index", "1", "gateway", "shardbus", "shard-sim",
@@ -278,3 +295,33 @@ def test_compose_up_scaled_serves_frames_commands_and_metrics(stack):
             assert f'shardbus_service_info{{service="{service}"' in body, (service, address)
             assert _value(body, "shardbus_nats_connected") == 1, (service, address)
             assert _value(body, "process_resident_memory_bytes") > 0, (service, address)
+
+
+TARGETS = """
+import json, sys, urllib.request
+for path in ("targets", "rules"):
+    print(urllib.request.urlopen(f"http://prometheus:9090/api/v1/{path}", timeout=10).read().decode())
+"""
+
+
+def test_prometheus_finds_every_replica_through_dns_and_loads_the_alerts(stack):
+    if error := _missing_image(stack.engine, stack.images["prometheus"]):
+        pytest.skip(f"{error} (a local copy: SHARDBUS_COMPOSE_TEST_IMAGES=prometheus=…)")
+    stack.compose("--profile", "monitoring", "up", "-d", "--no-deps", "prometheus", timeout=300)
+    expected = {"gateway": 2, "ledger": 2, "cleanup": 1, "installer": 1, "web": 1}
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            targets_text, rules_text = stack.exec("cleanup", 1, "python3", "-c", TARGETS).split("\n", 1)
+        except AssertionError:  # Prometheus not listening yet
+            targets_text = rules_text = ""
+        if targets_text:
+            active = json.loads(targets_text)["data"]["activeTargets"]
+            up = {job: sum(1 for t in active if t["labels"]["job"] == job and t["health"] == "up") for job in expected}
+            if up == expected:
+                break
+        assert time.monotonic() < deadline, f"Prometheus's targets: {targets_text[:3000]}"
+        time.sleep(3)
+    groups = json.loads(rules_text)["data"]["groups"]
+    assert {rule["name"] for group in groups for rule in group["rules"]} == {
+        "ShardSilent", "DeadLettersRising", "RunsIncomplete", "RelayLag", "ServiceDown"}
