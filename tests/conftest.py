@@ -54,6 +54,9 @@ SPAWNS_PROCESS = ("sys.executable", "ServiceProcesses(", "services.start(")
 """Source text of a test (or of a fixture or same-module helper it uses) that starts a
 process of ours: ``python -m shardbus …``, a service, a ``-c`` script."""
 
+DEPLOY_TESTS = Path(__file__).resolve().parent / "deploy"
+"""tests/deploy: promtool (``make promtool``), compose and a container engine."""
+
 STARTS_SERVER = ("start_nats(", "start_nats_cluster(", "start_postgres(")
 """Source text that starts a server of the test's own (a nats-server, a PostgreSQL)."""
 
@@ -113,7 +116,7 @@ def cost_of(item: pytest.Item) -> str:
         return "faults"
     if "system" in parts and "tests" in parts:
         return "system"
-    if "deploy" in parts and "tests" in parts:  # promtool, compose, a container engine: `make promtool`
+    if Path(str(item.path)).resolve().is_relative_to(DEPLOY_TESTS):
         return "system"
     names = set(getattr(item, "fixturenames", ()))
     if names & PROCESS_FIXTURES:
