@@ -1,5 +1,7 @@
 # One image for every shardbus service; compose picks the service with `shardbus run NAME`.
-FROM python:3.11-slim
+# PYTHON_IMAGE: another Python 3.11 base with pip (a mirror's copy; tests/deploy/test_compose_up.py).
+ARG PYTHON_IMAGE=python:3.11-slim
+FROM ${PYTHON_IMAGE}
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY shardbus ./shardbus

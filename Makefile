@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 LOCAL_NATS_URL ?= nats://127.0.0.1:4222
 LOCAL_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
-.PHONY: up test test-unit test-integration test-system test-local-servers test-faults bench soak docs clean browser lint
+.PHONY: up test test-unit test-integration test-system test-local-servers test-faults bench soak docs clean browser promtool lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,17 @@ browser:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	@test -x $(CHROMIUM) || { echo "no Chromium at $(CHROMIUM): apt-get install chromium" >&2; exit 1; }
 
+# The monitoring files' checks (tests/deploy: promtool check config / check rules / test rules)
+# need promtool, from Debian's prometheus package (about 30 s to install here; no PyPI package
+# ships it); this installs it when missing and fails when it cannot: a missing promtool fails
+# the suite, never skips it. (Where systemd runs, the package also starts a Prometheus on :9090:
+# `systemctl disable --now prometheus` if it is not wanted; the tests use none.)
+PROMTOOL ?= /usr/bin/promtool
+promtool:
+	@test -x $(PROMTOOL) || { echo "== installing Debian's prometheus (promtool, for tests/deploy)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	@test -x $(PROMTOOL) || { echo "no promtool at $(PROMTOOL): apt-get install prometheus" >&2; exit 1; }
+
 # The suite runs in WORKERS pytest-xdist processes, a file to a worker (and every file that starts
 # whole stacks on one worker, in turn: tests/conftest.py, STACK_GROUP): each worker starts its
 # own nats-server and PostgreSQL (tests/conftest.py), so no two workers share a subject, a
@@ -58,7 +69,7 @@ WORKERS ?= 4
 PARALLEL = $(if $(SHARDBUS_TEST_NATS_URL)$(SHARDBUS_TEST_DATABASE_URL),,$(if $(filter-out 0 1,$(WORKERS)),-n $(WORKERS) --dist loadgroup))
 
 # The fault suite (tests/faults, marked `faults`) runs on its own: make test-faults.
-test: $(STAMP) browser
+test: $(STAMP) browser promtool
 	$(NO_STACK) $(PY) -m pytest -m "not faults" $(PARALLEL)
 
 # By cost (every test has one marker, given by tests/conftest.py): seconds, then minutes.
@@ -66,13 +77,13 @@ test-unit: $(STAMP)
 	$(NO_STACK) $(PY) -m pytest -m unit
 test-integration: $(STAMP)
 	$(NO_STACK) $(PY) -m pytest -m integration $(PARALLEL)
-test-system: $(STAMP) browser
+test-system: $(STAMP) browser promtool
 	$(NO_STACK) $(PY) -m pytest -m system $(PARALLEL)
 
 # The same suite against already-running servers (CI: the machine's NATS and PostgreSQL). One
 # process: workers would share these servers, and one worker's in-process ledger would answer
 # another's requests from the wrong database.
-test-local-servers: $(STAMP) browser
+test-local-servers: $(STAMP) browser promtool
 	$(NO_STACK) SHARDBUS_TEST_NATS_URL=$(LOCAL_NATS_URL) SHARDBUS_TEST_DATABASE_URL=$(LOCAL_DATABASE_URL) \
 		$(PY) -m pytest -m "not faults"
 

@@ -8,10 +8,11 @@ its own handle; the servers also die with the test run if it is killed (PDEATHSI
 
 Every test is also given one cost marker here (docs/architecture.md, "The test suite"):
 ``faults`` (tests/faults), ``system`` (starts service processes, ``shardbus`` commands or
-the stack), ``integration`` (talks to a real server, starts no process of ours) or ``unit``
-(neither), from its folder, the fixtures it requests, and what its code calls (read with
-:mod:`ast`: a comment or a string does not count). A guard fails a test that starts more than
-its marker says, and one whose marker came from what it calls that did not start it.
+the stack; and tests/deploy: promtool, compose, a container engine), ``integration`` (talks
+to a real server, starts no process of ours) or ``unit`` (neither), from its folder, the
+fixtures it requests, and what its code calls (read with :mod:`ast`: a comment or a string
+does not count). A guard fails a test that starts more than its marker says, and one whose
+marker came from what it calls that did not start it.
 """
 
 from __future__ import annotations
@@ -60,6 +61,13 @@ Python process of ours (``python -m shardbus …``, a service, a ``-c`` script).
 
 SERVER_STARTERS = frozenset({"start_nats", "start_nats_cluster", "start_postgres"})
 """``shardbus.embedded`` calls that start a server of the test's own (a nats-server, a PostgreSQL)."""
+
+TESTS = Path(__file__).resolve().parent
+
+FOLDER_COSTS = {"faults": "faults", "system": "system", "deploy": "system"}
+"""Folders of tests/ whose every test has one cost (tests/deploy: promtool, compose and a
+container engine). Read below tests/ only: a checkout in a folder named ``system`` or
+``deploy`` marks nothing."""
 
 
 @cache
@@ -150,11 +158,10 @@ def cost_of(item: pytest.Item) -> tuple[str, str]:
     """The cost marker of ``item`` and why (see the module's docstring): its folder, else the
     fixtures it requests (their whole closure), else what its code, its same-module helpers and
     the project's fixtures it uses call."""
-    parts = Path(str(item.path)).parts
-    if "faults" in parts and "tests" in parts:
-        return "faults", "path"
-    if "system" in parts and "tests" in parts:
-        return "system", "path"
+    path = Path(str(item.path)).resolve()
+    folder = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else ""
+    if folder in FOLDER_COSTS:
+        return FOLDER_COSTS[folder], "path"
     names = set(getattr(item, "fixturenames", ()))
     if names & PROCESS_FIXTURES:
         return "system", "fixture"
