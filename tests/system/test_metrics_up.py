@@ -13,6 +13,7 @@ import pytest
 
 from shardbus import registry
 from simulator.shard import ShardSimulator
+from tests.deploy.catalogue import HISTOGRAMS, OURS
 from tests.scrape import Samples, label_values, names, scrape, value
 from tests.system.up_process import start_up, stop_up
 
@@ -89,3 +90,17 @@ def test_up_serves_every_processs_metrics_and_they_move(state_dir):
     assert "shardbus_ledger_outbox_pending" in names(after["ledger"])
     assert "shardbus_cleanup_sweep_duration_seconds_count" in names(after["cleanup"])
     assert "shardbus_installer_fetched_bytes_total" in names(after["installer"])
+
+    # Every shardbus series the dashboard and the alerts may name (tests/deploy/catalogue.py)
+    # is one a real stack serves, with the labels the catalogue gives it: a series renamed in a
+    # service and not in deploy/ fails here.
+    served: dict[str, set[str]] = {}
+    for samples in after.values():
+        for name, labels in samples:
+            served.setdefault(name, set()).update(key for key, _ in labels)
+    for series, labels in OURS.items():
+        if not series.startswith("shardbus_"):
+            continue
+        shown = f"{series}_count" if series in HISTOGRAMS else series
+        assert shown in served, f"{series} is catalogued for the dashboard and alerts but no service serves it"
+        assert served[shown] <= set(labels) | {"le"}, f"{series}: served with labels {served[shown]}"
