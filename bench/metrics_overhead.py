@@ -224,7 +224,7 @@ def ledger_phase(workdir: Path, runs: int, seconds: float) -> dict[str, object]:
 
 def count_cost_ns() -> float:
     """Nanoseconds of the one counting call a frame makes (a known kind and an unknown one, in turn)."""
-    from services.gateway.metrics import GatewayCounts
+    from services.gateway.counts import GatewayCounts
 
     counts = GatewayCounts()
     kinds = ["mob.killed", "zz.unknown"] * 500

@@ -25,8 +25,8 @@ from nats.aio.msg import Msg
 
 from services.gateway import command_plane
 from services.gateway.command_plane import CommandRejected
+from services.gateway.counts import GatewayCounts
 from services.gateway.link import ShardLink, Waiting
-from services.gateway.metrics import GatewayCounts
 from services.gateway.reply_mapping import status_for
 
 log = logging.getLogger("shardbus.gateway")

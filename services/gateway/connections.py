@@ -19,9 +19,9 @@ from nats.aio.msg import Msg
 
 from services.gateway.board_store import direct, news_line
 from services.gateway.command_relay import CommandRelay
+from services.gateway.counts import GatewayCounts
 from services.gateway.intake import FrameIntake, Spawn
 from services.gateway.link import ShardLink
-from services.gateway.metrics import GatewayCounts
 from services.gateway.settings import GatewaySettings
 from services.gateway.wire import Hello, HelloRefused, LineTooLong, check_hello, read_line
 from shared import subjects

@@ -19,9 +19,9 @@ from nats.aio.client import Client
 from services.gateway.board_store import BoardStore
 from services.gateway.command_relay import CommandRelay
 from services.gateway.connections import Connections
+from services.gateway.counts import GatewayCounts
 from services.gateway.intake import FrameIntake
 from services.gateway.link import ShardLink
-from services.gateway.metrics import GatewayCounts
 from services.gateway.publisher import ShardPublisher
 from services.gateway.settings import GatewaySettings
 from services.gateway.streams import declare_streams

@@ -18,8 +18,8 @@ from nats.js import JetStreamContext
 from services.gateway.board_store import BoardStore
 from services.gateway.boards import RosterAssembler, board_ops
 from services.gateway.command_relay import CommandRelay
+from services.gateway.counts import BOARD_UNUSABLE, GatewayCounts, reason_label
 from services.gateway.link import ShardLink
-from services.gateway.metrics import BOARD_UNUSABLE, GatewayCounts, reason_label
 from services.gateway.publisher import REASON_CHARS, REASON_HEADER, AckInbox, Outgoing, ShardPublisher
 from services.gateway.settings import GatewaySettings
 from services.gateway.wire import DeadLetter, sort_line

@@ -1,4 +1,4 @@
-"""The gateway's /metrics (services/gateway/metrics.py): the app as ``shardbus run gateway`` builds
+"""The gateway's /metrics (services/gateway/metrics.py, counts.py): the app as ``shardbus run gateway`` builds
 it, scraped over HTTP while a simulated shard sends frames, hostile lines and answers commands."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from services.gateway import metrics
+from services.gateway import counts as gateway_counts
 from services.gateway.app import create_app
 from services.gateway.boards import BOARD_RULES
 from services.gateway.settings import GatewaySettings
@@ -101,8 +101,8 @@ def _version(samples) -> str:
 def test_the_kind_labels_are_the_seeds_vocabulary() -> None:
     seed_kinds = set(seed_wire.FORWARDED_KINDS) | set(seed_wire.ANSWER_KINDS) | {"server.hello", "gateway.pong"}
     board_kinds = {rule.kind for rule in BOARD_RULES}
-    assert seed_kinds | board_kinds == metrics.FRAME_KINDS
-    assert set(seed_wire.COMMAND_BODIES) == metrics.COMMAND_VERBS
+    assert seed_kinds | board_kinds == gateway_counts.FRAME_KINDS
+    assert set(seed_wire.COMMAND_BODIES) == gateway_counts.COMMAND_VERBS
 
 
 def test_dead_letter_reasons_and_hostile_kinds_map_to_known_labels() -> None:
@@ -111,9 +111,9 @@ def test_dead_letter_reasons_and_hostile_kinds_map_to_known_labels() -> None:
     for line in lines:
         item = sort_line(line)
         assert isinstance(item, DeadLetter)
-        labels.append(metrics.reason_label(item.reason))
+        labels.append(gateway_counts.reason_label(item.reason))
     assert labels == ["not_utf8", "byte_order_mark", "malformed_json", "not_an_object", "no_kind", "unsafe_kind"]
-    counts = metrics.GatewayCounts()
+    counts = gateway_counts.GatewayCounts()
     known = set(counts.frames_in)
     for kind in ("mob.killed", "zz.evil", "other", "x" * 1000):
         counts.frame_in(kind)
@@ -122,11 +122,11 @@ def test_dead_letter_reasons_and_hostile_kinds_map_to_known_labels() -> None:
 
 
 def test_gone_shards_are_forgotten_after_a_day_and_beyond_the_cap() -> None:
-    counts = metrics.GatewayCounts()
+    counts = gateway_counts.GatewayCounts()
     now = 1_000_000.0
-    counts.remember("old", now - metrics.SHARD_KEPT_S - 1)
-    for n in range(metrics.SHARDS_KEPT + 5):
-        counts.remember(f"s{n}", now - metrics.SHARDS_KEPT - 5 + n)
+    counts.remember("old", now - gateway_counts.SHARD_KEPT_S - 1)
+    for n in range(gateway_counts.SHARDS_KEPT + 5):
+        counts.remember(f"s{n}", now - gateway_counts.SHARDS_KEPT - 5 + n)
     counts.forget_old(now)
-    assert len(counts.last_line_at) == metrics.SHARDS_KEPT
+    assert len(counts.last_line_at) == gateway_counts.SHARDS_KEPT
     assert "old" not in counts.last_line_at and "s0" not in counts.last_line_at and "s5" in counts.last_line_at
