@@ -20,7 +20,8 @@ CONFIG = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())
 RULES = yaml.safe_load((PROMETHEUS_DIR / "alerts.yml").read_text())
 RULE_TESTS = yaml.safe_load((PROMETHEUS_DIR / "alerts_test.yml").read_text())
 ALERTS = {rule["alert"]: rule for group in RULES["groups"] for rule in group["rules"]}
-CATALOGUE_ALERTS = {"ShardSilent", "DeadLettersRising", "RunsIncomplete", "RunsWaitingTooLong", "RelayLag", "ServiceDown"}
+CATALOGUE_ALERTS = {"ShardSilent", "DeadLettersRising", "RunsIncomplete", "RunsWaitingTooLong", "RelayLag",
+                    "ServiceDown"}
 OPERATIONS = ROOT / "docs" / "operations.md"
 
 
