@@ -8,7 +8,8 @@
   named ``KV_<bucket>``);
 - runs whose cleanup is ``incomplete`` (a person's to clear): ``ledger.runs``;
 - runs waiting for their shard (their give-backs met no shard or module, and back off without
-  spending attempts; cleanup stays ``pending``): ``ledger.sweep.waiting``;
+  spending attempts; cleanup stays ``pending``): ``ledger.sweep.waiting``; one waiting longer
+  than ``SHARDBUS_AWAY_ALERT_S`` (default 900) is flagged (``waitingTooLong``): it wants a person;
 - leases still ``confirmed`` after their deadline (the shard should have let go of them):
   ``ledger.leases.overdue``.
 
@@ -27,6 +28,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import time
 from http import HTTPStatus
@@ -42,6 +44,9 @@ INCOMPLETE_LIMIT = 100
 
 WAITING_LIMIT = 100
 """At most this many runs waiting for their shard are listed."""
+
+AWAY_ALERT_ENV = "SHARDBUS_AWAY_ALERT_S"
+"""How long a run may wait for its shard or module before it is flagged (the services' setting)."""
 
 OVERDUE_LIMIT = 20
 """At most this many leases past their deadline are listed (all are counted)."""
@@ -106,6 +111,37 @@ async def _waiting_runs(nc: Any, timeout_s: float) -> list[dict[str, Any]]:
     return list(reply.get("runs") or [])
 
 
+def away_alert_s() -> float:
+    """``SHARDBUS_AWAY_ALERT_S`` as the services read it (default 900); not a number: the default."""
+    from shared.contracts.ledger import AWAY_ALERT_S
+
+    try:
+        value = float(os.environ.get(AWAY_ALERT_ENV, "").strip() or AWAY_ALERT_S)
+    except ValueError:
+        return AWAY_ALERT_S
+    return value if 0 <= value < float("inf") else AWAY_ALERT_S
+
+
+def _waited_s(run: dict[str, Any], now_s: float) -> float | None:
+    """Seconds the run has waited (``waitingSince``, ISO 8601), or None when it does not say."""
+    from datetime import datetime
+
+    try:
+        return max(0.0, now_s - datetime.fromisoformat(str(run.get("waitingSince"))).timestamp())
+    except ValueError:
+        return None
+
+
+def flag_waiting(runs: list[dict[str, Any]], now_s: float, alert_s: float) -> list[dict[str, Any]]:
+    """Each waiting run with ``waitingS`` and ``waitingTooLong`` (waited longer than ``alert_s``)."""
+    flagged = []
+    for run in runs:
+        waited = _waited_s(run, now_s)
+        flagged.append({**run, "waitingS": None if waited is None else round(waited, 1),
+                        "waitingTooLong": waited is not None and waited > alert_s})
+    return flagged
+
+
 async def _overdue_leases(nc: Any, timeout_s: float) -> dict[str, Any]:
     from shared import subjects
 
@@ -128,6 +164,7 @@ async def gather(nats_url: str, wait_s: float = DEFAULT_WAIT_S) -> dict[str, Any
     nc = await nats.connect(servers, name=connection_name("status"), inbox_prefix=inbox_prefix(servers),
                             connect_timeout=5, allow_reconnect=False, max_reconnect_attempts=1, error_cb=quiet)
     errors: list[str] = []
+    alert_s = away_alert_s()
 
     async def part(name: str, job: Any, fallback: Any) -> Any:
         try:
@@ -156,7 +193,8 @@ async def gather(nats_url: str, wait_s: float = DEFAULT_WAIT_S) -> dict[str, Any
         "streams": streams,
         "buckets": buckets,
         "incompleteRuns": incomplete,
-        "waitingRuns": waiting,
+        "awayAlertS": alert_s,
+        "waitingRuns": flag_waiting(waiting, time.time(), alert_s),
         "overdueLeases": overdue,
         "errors": errors,
     }
@@ -215,10 +253,22 @@ def render(status: dict[str, Any]) -> str:
     lines += _table(["run", "shard", "event", "status", "ended"],
                     [[r.get("runId"), r.get("shard"), r.get("event"), r.get("status"), r.get("endedAt")]
                      for r in status["incompleteRuns"]])
-    lines += ["", f"RUNS WAITING FOR THEIR SHARD ({len(status['waitingRuns'])}; cleanup pending, no attempt spent)"]
-    lines += _table(["run", "shard", "rows", "next try", "misses in a row"],
-                    [[r.get("runId"), r.get("shard"), r.get("rows"), _due(r.get("retryAt"), now), r.get("away")]
-                     for r in status["waitingRuns"]])
+    from shared.status_words import waited, waiting_words
+
+    waiting = status["waitingRuns"]
+    too_long = sum(1 for r in waiting if r.get("waitingTooLong"))
+    alert = f"; {too_long} longer than {waited(status['awayAlertS'])}: start the shard or module" if too_long else ""
+    lines += ["", f"RUNS WAITING FOR THEIR SHARD ({len(waiting)}; cleanup pending, no attempt spent{alert})"]
+
+    def how_long(run: dict[str, Any]) -> str:
+        seconds = run.get("waitingS")
+        if not isinstance(seconds, (int, float)):
+            return "-"
+        return f"!! {waiting_words(seconds)}: wants a person" if run.get("waitingTooLong") else waited(seconds)
+
+    lines += _table(["run", "shard", "rows", "waiting", "next try", "misses in a row"],
+                    [[r.get("runId"), r.get("shard"), r.get("rows"), how_long(r), _due(r.get("retryAt"), now),
+                      r.get("away")] for r in waiting])
     overdue = status["overdueLeases"]
     lines += ["", f"LEASES PAST THEIR DEADLINE, STILL CONFIRMED ({overdue['count']}; the shard should have let go)"]
     lines += _table(["run", "resource", "module", "kind", "ref", "deadline"],

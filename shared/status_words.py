@@ -43,3 +43,26 @@ CLEANUP_WORD = {
 
 CLEANUP_COLOUR = {"pending": "grey", "complete": "green", "incomplete": "amber"}
 """Its colour: green resolved, amber wants a person, as for rows."""
+
+WAITING_COLOUR = "amber"
+"""A run waiting for its shard or module longer than ``SHARDBUS_AWAY_ALERT_S``: it wants a person
+(start the shard or module), so it has the colour of wanting one."""
+
+
+def waited(seconds: float) -> str:
+    """How long, as a person reads it: ``45 s``, ``12 min``, ``1 h 5 min``, ``2 d 3 h``."""
+    whole = max(0, int(seconds))
+    days, rest = divmod(whole, 86_400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h" if hours else f"{days} d"
+    if hours:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    return f"{minutes} min" if minutes else f"{secs} s"
+
+
+def waiting_words(seconds: float) -> str:
+    """What the console and ``shardbus status`` say of a run waiting too long for its shard (or
+    a module that gives its rows back): ``waiting 1 h 5 min for its shard``."""
+    return f"waiting {waited(seconds)} for its shard"

@@ -21,6 +21,7 @@ from faststream import FastStream
 from faststream.nats import NatsBroker
 
 from services.cleanup import metrics
+from services.cleanup.away_alert import AwayAlert
 from services.cleanup.ledger_client import NO_LEDGER, LedgerClient, LedgerError
 from services.cleanup.port import NatsPort
 from services.cleanup.reconcile import Reconciler
@@ -61,6 +62,7 @@ class _Built:
 
     sweeper: Sweeper
     reconciler: Reconciler
+    away_alert: AwayAlert
 
 
 class _Workers:
@@ -83,7 +85,8 @@ class _Workers:
                 give_back_concurrency=settings.give_back_concurrency,
                 claim_timeout_s=settings.claim_timeout_s, command_timeout_s=settings.command_timeout_s,
                 away_backoff_s=settings.away_backoff_s, away_backoff_max_s=settings.away_backoff_max_s), self.counts)
-            self._built = _Built(sweeper, Reconciler(port, ledger, sweeper.shard_of, settings.command_timeout_s))
+            self._built = _Built(sweeper, Reconciler(port, ledger, sweeper.shard_of, settings.command_timeout_s),
+                                 AwayAlert(ledger, settings.away_alert_s, self.counts))
         return self._built
 
 
@@ -104,6 +107,13 @@ def create_app(settings: CleanupSettings | None = None) -> FastStream:
 
     started = {"ledger_seen": False}
 
+    async def waiting_too_long() -> None:
+        """After a whole sweep: count (and log once each) the runs waiting too long."""
+        try:
+            await workers.built().away_alert.check()
+        except LedgerError as exc:
+            log.warning("cannot tell which runs wait too long for their shard", extra={"reason": str(exc)})
+
     async def full_sweep(why: str) -> dict[str, Any]:
         async with one_sweep_at_a_time:
             report = (await sweeper().sweep()).to_dict()
@@ -115,6 +125,7 @@ def create_app(settings: CleanupSettings | None = None) -> FastStream:
             log.log(level, "sweep done", extra={"why": why, **report})
         if not report.get("error"):
             started["ledger_seen"] = True
+            await waiting_too_long()
         await broker.publish({**report, "why": why, "pid": os.getpid()}, subjects.CLEANUP_SWEPT)
         return report
 

@@ -136,6 +136,13 @@ class LedgerClient:
         subject = subjects.LEDGER_SWEEP_RETRY
         return (await self.ask(subject, self.request(c.RunRef, subject, run_id=run_id), c.RunReply)).run
 
+    async def waiting_longer_than(self, seconds: float, limit: int = MAX_LIMIT) -> c.WaitingReply:
+        """Runs waiting for their shard or module longer than ``seconds`` (at most ``limit``;
+        ``more``: there are more)."""
+        subject = subjects.LEDGER_SWEEP_WAITING
+        request = self.request(c.Waiting, subject, limit=limit, longer_than_s=float(seconds))
+        return await self.ask(subject, request, c.WaitingReply)
+
     async def console(self, run_id: str, after: int | None = None, limit: int | None = None) -> dict[str, Any]:
         """One page of the run's console: the run, the counts, and at most ``limit`` of its rows
         with an id above ``after`` (the page's ``next`` is the ``after`` of the page that follows)."""

@@ -27,6 +27,9 @@ class CleanupCounts:
         self.finished = dict.fromkeys(FINISHED, 0)
         self.runs_waiting = 0
         """Runs of the last whole sweep whose give-backs met no shard or module (they stay pending)."""
+        self.runs_waiting_too_long = 0
+        """Runs waiting for their shard or module longer than ``SHARDBUS_AWAY_ALERT_S`` (the ledger
+        says, after each whole sweep; at most the ledger's page, 1,000)."""
         self.sweep_seconds = Buckets()
 
 
@@ -46,6 +49,9 @@ def collector(counts: CleanupCounts) -> Callable[[], Iterator[Metric]]:
         yield finished
         yield GaugeMetricFamily(f"{NAME}runs_waiting", "Runs of the last sweep waiting for their shard or module.",
                                 value=now.runs_waiting)
+        yield GaugeMetricFamily(f"{NAME}runs_waiting_too_long",
+                                "Runs waiting for their shard or module longer than SHARDBUS_AWAY_ALERT_S.",
+                                value=now.runs_waiting_too_long)
         yield histogram(f"{NAME}sweep_duration_seconds", "How long a whole sweep took.",
                         series=[((), now.sweep_seconds)])
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
+from shared.contracts import ledger as c
 from shared.settings import CommonSettings
 
 
@@ -45,6 +46,11 @@ class CleanupSettings(CommonSettings):
     away_backoff_max_s: float = Field(
         default=60.0, ge=0.01, le=86_400,
         description="The longest a row waits after give-backs in a row met no shard or module (the back-off's cap).",
+    )
+    away_alert_s: float = Field(
+        default=c.AWAY_ALERT_S, ge=0, le=c.WAITING_LONGER_THAN_MAX_S,
+        description="A run waiting this long for its shard or module (its give-backs meet nobody; it stays "
+        "pending) is counted in shardbus_cleanup_runs_waiting_too_long and logged once: it wants a person.",
     )
     ledger_timeout_s: float = Field(default=10.0, gt=0, description="How long a request to the ledger may take.")
     reconcile_modules: str = Field(

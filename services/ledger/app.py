@@ -278,7 +278,7 @@ def register_handlers(broker: NatsBroker, db: Database, concurrency: int,
         return {"run": run}, changes
 
     async def waiting(body: c.Waiting) -> Answer:
-        found, more = await sweep.waiting(db, body.limit)
+        found, more = await sweep.waiting(db, body.limit, body.run_id, body.longer_than_s)
         return {"runs": found, "more": more}, []
 
     actions: dict[str, Callable[[Any], Awaitable[Answer]]] = {

@@ -20,7 +20,17 @@ from typing import Any
 
 from services.ledger import statuses
 from services.ledger.console import PAGE_BYTES
-from services.ledger.queries.sweep import CANDIDATES, CLAIM, FINISH, LAST_LOG_KIND, OUTCOMES, RETRY, SETTLE, WAITING
+from services.ledger.queries.sweep import (
+    CANDIDATES,
+    CLAIM,
+    FINISH,
+    LAST_LOG_KIND,
+    OUTCOMES,
+    RETRY,
+    RETRY_WAITING,
+    SETTLE,
+    WAITING,
+)
 from services.ledger.resources import cut, replay_or_conflict, resource_of
 from services.ledger.statuses import Outcome, Verdict
 from services.ledger.store import (
@@ -196,27 +206,40 @@ async def finish(db: Database, run_id: str, max_attempts: int,
     return after, [Change(rule.log_kind, after, None, row["event_id"])]
 
 
-async def waiting(db: Database, limit: int) -> tuple[list[Json], bool]:
+async def waiting(db: Database, limit: int, run_id: str | None = None,
+                  longer_than_s: float | None = None) -> tuple[list[Json], bool]:
     """Runs waiting for their shard (or a module): finished runs whose cleanup is pending and
     that hold rows whose last give-back met nobody (``away`` > 0, not yet given back), each
     with its shard, how many such rows, when the first of them is due again (``retryAt``;
-    past when the next sweep is due to try) and the most misses in a row (``away``); the
-    run due first comes first. The second value says whether more runs wait than listed."""
+    past when the next sweep is due to try), the most misses in a row (``away``) and since
+    when the run has waited (``waitingSince``: the first miss in a row of its longest-waiting
+    row); the run due first comes first. Only ``run_id`` when given; only runs waiting longer
+    than ``longer_than_s`` when given (the away alert). The second value says whether more runs
+    wait than listed."""
     async with db.connect() as conn:
         result = await rows(conn, WAITING,
                             {"waiting": list(statuses.WAITING), "terminal": list(statuses.RUN_TERMINAL),
-                             "sweepable": list(statuses.SWEEPABLE), "limit": limit + 1})
+                             "sweepable": list(statuses.SWEEPABLE), "limit": limit + 1, "run_id": run_id,
+                             "longer_than": longer_than_s})
     runs = [as_object(row["run"]) for row in result]
     return runs[:limit], len(runs) > limit
 
 
 async def retry(db: Database, run_id: str) -> tuple[Json, list[Change]]:
-    """A person's retry of an ``incomplete`` run: attempts reset, cleanup back to ``pending``."""
+    """A person's retry of an ``incomplete`` run: attempts reset, cleanup back to ``pending``.
+    Of a run waiting for its shard or module (``pending``, rows whose give-back met nobody): its
+    rows' back-off is cleared, so the next claim takes them at once (the cleanup stays
+    ``pending``; logged ``cleanup.retried`` with ``dueNow``)."""
     step = statuses.RETRY
     async with db.connect() as conn:
         row = await first(conn, RETRY,
                           {"run_id": run_id, "unresolved": list(statuses.UNRESOLVED), "to": step.to,
                            "allowed": list(step.allowed), "log_kind": step.log_kind})
+        if row is None:
+            row = await first(conn, RETRY_WAITING,
+                              {"run_id": run_id, "terminal": list(statuses.RUN_TERMINAL),
+                               "sweepable": list(statuses.SWEEPABLE), "waiting": list(statuses.WAITING),
+                               "log_kind": step.log_kind})
         if row is None:
             run = await run_or_not_found(conn, run_id)
             last = await first(conn, LAST_LOG_KIND,

@@ -123,6 +123,8 @@ class Resource(SQLModel, table=True):
     """A give-back that met no shard waits until then (no attempt spent)."""
     away: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
     """Give-backs in a row that met no shard (the back-off's exponent)."""
+    away_since: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True)))
+    """When the first of those give-backs in a row was recorded (revision 0006): waiting since."""
     created_at: datetime | None = Field(default=None, sa_column=_now())
     updated_at: datetime | None = Field(default=None, sa_column=_now())
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from shared.contracts.ids import LEDGER_ID_PATTERN, is_ledger_id, is_shard_id
+from shared.contracts.ledger import AWAY_ALERT_S, WAITING_LONGER_THAN_MAX_S
 from shared.settings import CommonSettings
 
 
@@ -28,6 +29,9 @@ class WebSettings(CommonSettings):
     web_request_timeout_s: float = Field(
         default=8.0, gt=0, description="How long a route waits for the service behind it over NATS "
         "(longer than the gateway's command timeout, so the shard's 504 is the gateway's).")
+    away_alert_s: float = Field(
+        default=AWAY_ALERT_S, ge=0, le=WAITING_LONGER_THAN_MAX_S,
+        description="The console flags a run waiting this long for its shard or module (it wants a person).")
     web_max_body_bytes: int = Field(default=1024 * 1024, ge=1024,
                                     description="Largest request body accepted (413 above).")
 

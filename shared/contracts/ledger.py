@@ -64,6 +64,13 @@ LEASE_DEADLINE_MAX = 253_402_300_799_999
 CLAIM_TIMEOUT_MAX_S = 86_400.0
 """The longest claim timeout taken (a day; the cleanup service's default is 120 s)."""
 
+WAITING_LONGER_THAN_MAX_S = 30 * 86_400.0
+"""The longest ``longerThanS`` ``ledger.sweep.waiting`` takes (30 days)."""
+
+AWAY_ALERT_S = 900.0
+"""``SHARDBUS_AWAY_ALERT_S``'s default: a run waiting longer than this for its shard or module
+is flagged (console, ``shardbus status``, a metric, a log line) — it wants a person."""
+
 REVERT_MAX_BYTES = 8 * 1024
 """The largest ``revert`` taken, in bytes as PostgreSQL prints it (``{"key": "value"}``, UTF-8):
 what a give-back needs is a handful of keys and values."""
@@ -393,6 +400,10 @@ class SweepOutcomes(LedgerRequest):
 
 class Waiting(LedgerRequest):
     limit: int = Field(default=100, ge=1, le=PAGE_LIMIT_MAX)
+    run_id: RunId | None = None
+    """Only this run (the console's run page)."""
+    longer_than_s: float | None = Field(default=None, ge=0, le=WAITING_LONGER_THAN_MAX_S)
+    """Only runs waiting longer than this (the away alert, ``SHARDBUS_AWAY_ALERT_S``)."""
 
 
 class Finish(LedgerRequest):
@@ -551,6 +562,7 @@ class WaitingRun(WireRow):
     rows: int
     retry_at: str | None
     away: int
+    waiting_since: str
 
 
 class WaitingReply(LedgerReply):

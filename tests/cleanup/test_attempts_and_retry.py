@@ -157,8 +157,12 @@ async def test_a_module_that_starts_later_gets_its_rows_without_a_retry(nc, shar
     assert console["run"]["cleanupStatus"] == "pending"
     (row,) = console["resources"]
     assert row["attempts"] == 0 and f"modules.{module}.revert" in row["lastError"] and "start it" in row["lastError"]
-    # Not incomplete, so there is nothing for a person to retry.
-    assert (await ask(nc, subjects.CLEANUP_RETRY, {"runId": run}))["status"] == 409
+    # Not incomplete; a person's retry tries it at once: the module is still not there, so it
+    # meets nobody again, spends nothing and the run stays pending.
+    retried = await ok(nc, subjects.CLEANUP_RETRY, {"runId": run}, timeout=30)
+    assert (retried["run"]["away"], retried["run"]["cleanupStatus"]) == (1, "pending"), retried
+    assert (await ledger.console(run))["resources"][0]["attempts"] == 0
+    await asyncio.sleep(DUE_S)
 
     asked: list[bytes] = []
 

@@ -39,6 +39,7 @@ _OURS: dict[str, tuple[str, ...]] = {
     # cleanup
     "shardbus_cleanup_givebacks_total": ("verdict",),
     "shardbus_cleanup_runs_waiting": (),
+    "shardbus_cleanup_runs_waiting_too_long": (),
     "shardbus_cleanup_runs_finished_total": ("status",),
     # installer
     "shardbus_installer_installs_total": ("outcome",),

@@ -20,7 +20,8 @@ CONFIG = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())
 RULES = yaml.safe_load((PROMETHEUS_DIR / "alerts.yml").read_text())
 RULE_TESTS = yaml.safe_load((PROMETHEUS_DIR / "alerts_test.yml").read_text())
 ALERTS = {rule["alert"]: rule for group in RULES["groups"] for rule in group["rules"]}
-CATALOGUE_ALERTS = {"ShardSilent", "DeadLettersRising", "RunsIncomplete", "RelayLag", "ServiceDown"}
+CATALOGUE_ALERTS = {"ShardSilent", "DeadLettersRising", "RunsIncomplete", "RunsWaitingTooLong", "RelayLag",
+                    "ServiceDown"}
 OPERATIONS = ROOT / "docs" / "operations.md"
 
 
@@ -42,7 +43,7 @@ def test_every_alert_unit_test_passes(promtool):
     assert "SUCCESS" in done.stdout
 
 
-def test_the_alerts_are_the_catalogues_five():
+def test_the_alerts_are_the_catalogues_six():
     assert set(ALERTS) == CATALOGUE_ALERTS
 
 

@@ -77,3 +77,28 @@ async def test_rows_written_at_the_previous_revision_survive_the_upgrade(databas
         assert await conn.fetchval("SELECT count(*) FROM run_log") == 1
     finally:
         await conn.close()
+
+
+async def test_rows_waiting_at_0005_get_the_time_of_their_first_miss_in_a_row(database_url):
+    """Revision 0006 adds ``away_since``: a row waiting at 0005 gets its first ``cleanup.away``
+    since its last answered outcome (an earlier spell of misses, answered, does not count)."""
+    assert await migrate.upgrade(database_url, "0005") == "0005"
+    conn = await asyncpg.connect(_plain(database_url))
+    try:
+        await conn.execute("INSERT INTO runs (run_id, shard, event, status) VALUES ('w', 'uo1', 'storm', 'completed')")
+        row = await conn.fetchval(
+            "INSERT INTO resources (run_id, module, kind, ref, status, idempotency_key, away, retry_at) "
+            "VALUES ('w', 'events', 'creature', 'c1', 'confirmed', 'k-w', 2, now()) RETURNING id")
+        await conn.fetchval(
+            "INSERT INTO resources (run_id, module, kind, ref, status, idempotency_key) "
+            "VALUES ('w', 'events', 'creature', 'c2', 'confirmed', 'k-fine') RETURNING id")
+        for kind, at in (("cleanup.away", "2026-01-01 10:00Z"), ("cleanup.failed", "2026-01-01 11:00Z"),
+                         ("cleanup.claimed", "2026-01-01 11:59Z"), ("cleanup.away", "2026-01-01 12:00Z"),
+                         ("cleanup.claimed", "2026-01-01 12:01Z"), ("cleanup.away", "2026-01-01 12:02Z")):
+            await conn.execute("INSERT INTO run_log (run_id, resource_id, kind, at) "
+                               "VALUES ('w', $1, $2, CAST($3::text AS timestamptz))", row, kind, at)
+        assert await migrate.upgrade(database_url) == migrate.head_revision()
+        since = {r["ref"]: r["away_since"] for r in await conn.fetch("SELECT ref, away_since FROM resources")}
+        assert since["c1"].isoformat() == "2026-01-01T12:00:00+00:00" and since["c2"] is None
+    finally:
+        await conn.close()

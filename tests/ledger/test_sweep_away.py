@@ -222,3 +222,64 @@ async def test_waiting_is_bounded_by_its_limit_and_says_when_more_wait(ledger, u
     assert reply["more"] is True
     assert [r["runId"] for r in reply["runs"]] == [f"r0{unique}", f"r1{unique}"]  # due first, first
     assert (await ledger.ask(subjects.LEDGER_SWEEP_WAITING, limit=0))["status"] == 400
+
+
+async def test_waiting_says_since_when_a_run_waits_until_a_row_is_answered(ledger, db, unique):
+    run = f"s{unique}"
+    (row,) = await _finished_run(ledger, run, ["c1"])
+    await _claim(ledger, run)
+    await _outcome(ledger, row, "away", "504", awayBackoffS=30.0)
+    first = await db.fetchval("SELECT away_since FROM resources WHERE id = $1", row)
+    (listed,) = (await ledger.ask(subjects.LEDGER_SWEEP_WAITING, runId=run))["runs"]
+    assert listed["waitingSince"].startswith(first.strftime("%Y-%m-%dT%H:%M:%S"))
+    # A second miss in a row keeps the first one's time: the run has waited since then.
+    await _due_now(db, row)
+    await _claim(ledger, run)
+    await _outcome(ledger, row, "away", "504", awayBackoffS=30.0)
+    assert (await _row(db, row))["away"] == 2
+    assert await db.fetchval("SELECT away_since FROM resources WHERE id = $1", row) == first
+    # Only runs waiting longer than longerThanS: not yet an hour, then (back-dated) more than one.
+    assert (await ledger.ask(subjects.LEDGER_SWEEP_WAITING, runId=run, longerThanS=3600))["runs"] == []
+    await db.execute("UPDATE resources SET away_since = now() - interval '2 hours' WHERE id = $1", row)
+    assert [r["runId"] for r in (await ledger.ask(subjects.LEDGER_SWEEP_WAITING, longerThanS=3600))["runs"]] == [run]
+    # An answer ends the wait.
+    await _due_now(db, row)
+    await _claim(ledger, run)
+    await _outcome(ledger, row, "transient", "425 bridge.busy")
+    assert await db.fetchval("SELECT away_since FROM resources WHERE id = $1", row) is None
+    assert (await ledger.ask(subjects.LEDGER_SWEEP_WAITING, runId=run))["runs"] == []
+
+
+async def test_waiting_refuses_a_bad_run_id_or_a_negative_longer_than(ledger):
+    assert (await ledger.ask(subjects.LEDGER_SWEEP_WAITING, runId="a b"))["status"] == 400
+    assert (await ledger.ask(subjects.LEDGER_SWEEP_WAITING, longerThanS=-1))["status"] == 400
+
+
+async def test_a_retry_of_a_waiting_run_makes_its_rows_due_at_once_and_keeps_them_waiting(ledger, db, unique):
+    run, other = f"t{unique}", f"u{unique}"
+    rows = await _finished_run(ledger, run, ["c1", "c2"])
+    (other_row,) = await _finished_run(ledger, other, ["c3"])
+    for name in (run, other):
+        await _claim(ledger, name)
+    for row in [*rows, other_row]:
+        await _outcome(ledger, row, "away", "no gateway holds shard 'uo1' (503)",
+                       awayBackoffS=600.0, awayBackoffMaxS=600.0)
+    assert await _claim(ledger, run) == []  # backing off
+    before = await db.fetchval("SELECT updated_at FROM runs WHERE run_id = $1", run)
+
+    reply = await ledger.ask(subjects.LEDGER_SWEEP_RETRY, runId=run)
+    assert reply["status"] == 200 and reply["run"]["cleanupStatus"] == "pending", reply
+    for row in rows:
+        state = await _row(db, row)
+        assert (state["retry_at"], state["away"], state["attempts"]) == (None, 1, 0)
+    assert (await _row(db, other_row))["retry_at"] is not None  # another run's rows keep waiting
+    assert await db.fetchval("SELECT updated_at FROM runs WHERE run_id = $1", run) == before
+    log = await db.fetch("SELECT kind, detail FROM run_log WHERE run_id = $1 AND kind = 'cleanup.retried'", run)
+    assert [json.loads(entry["detail"]) for entry in log] == [{"dueNow": 2}]
+    assert sorted(r["resourceId"] for r in await _claim(ledger, run)) == sorted(rows)
+
+
+async def test_a_retry_of_a_pending_run_with_nothing_waiting_is_still_a_conflict(ledger, unique):
+    await _finished_run(ledger, f"p{unique}", ["c1"])
+    reply = await ledger.ask(subjects.LEDGER_SWEEP_RETRY, runId=f"p{unique}")
+    assert reply["status"] == 409 and "pending" in reply["error"]

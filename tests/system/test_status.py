@@ -45,9 +45,10 @@ def own_nats() -> Iterator[str]:
         shutil.rmtree(state, ignore_errors=True)
 
 
-def status(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+def status(url: str, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "shardbus", "status", "--nats-url", url, *extra],
-                          capture_output=True, text=True, timeout=30)
+                          capture_output=True, text=True, timeout=30,
+                          env=None if env is None else {**os.environ, **env})
 
 
 async def ask(nc: nats.NATS, subject: str, body: dict) -> dict:
@@ -181,6 +182,17 @@ async def test_status_shows_a_run_waiting_for_its_shard_and_a_lease_past_its_dea
             "events", "lease", "spawn.rate"]
         (line,) = [line for line in table.splitlines() if line.startswith(run_id)]
         assert line.split()[1:3] == ["uow", "2"] and "(in " in line and line.split()[-1] == "1"
+        assert "wants a person" not in table  # waiting less than SHARDBUS_AWAY_ALERT_S (900 s)
+        assert waiting["waitingSince"] and waiting["waitingTooLong"] is False and report["awayAlertS"] == 900
+
+        # Past the alert (0 s here): flagged in words, in the table and in JSON.
+        alert = {"SHARDBUS_AWAY_ALERT_S": "0"}
+        flagged = json.loads((await asyncio.to_thread(status, own_nats, "--json", "--wait", "0.3", env=alert)).stdout)
+        assert [(r["runId"], r["waitingTooLong"]) for r in flagged["waitingRuns"]] == [(run_id, True)]
+        table = (await asyncio.to_thread(status, own_nats, "--wait", "0.3", env=alert)).stdout
+        assert "RUNS WAITING FOR THEIR SHARD (1; cleanup pending, no attempt spent; 1 longer than 0 s" in table
+        (line,) = [line for line in table.splitlines() if line.startswith(run_id)]
+        assert "!! waiting " in line and "for its shard: wants a person" in line
     finally:
         await nc.close()
         services.stop_all()

@@ -151,3 +151,54 @@ async def test_the_runs_console_in_a_browser(browser, start_door, ledger, servic
     finally:
         await page.context.close()
         await revert.unsubscribe()
+
+
+async def test_a_run_waiting_too_long_for_its_shard_is_flagged_on_the_runs_list_and_its_page(
+        browser, start_door, ledger, services, nc, unique):  # noqa: F811
+    """A finished run on a shard no gateway holds: its give-back meets nobody, it stays pending.
+    A door whose ``SHARDBUS_AWAY_ALERT_S`` is 0 flags it amber in words on the runs list and its
+    page (with "Retry cleanup", which tries it now); one with the default (900 s) says it waits,
+    without the flag."""
+    await start_cleanup(services, away_backoff_s="600", away_backoff_max_s="600")
+    alerting, patient = await start_door(away_alert_s=0), await start_door()
+    run = f"w{unique}"
+    await _ok(nc, subjects.LEDGER_RUN_CREATE, runId=run, shard=f"gone{unique}", event="invasion")
+    await _ok(nc, subjects.LEDGER_RUN_STATUS, runId=run, status="running")
+    await _ok(nc, subjects.LEDGER_RESOURCE_RECORD, runId=run, module="events", kind="creature", ref="c1",
+              idempotencyKey=f"{run}:c1")
+    await _ok(nc, subjects.LEDGER_RUN_STATUS, runId=run, status="completed")
+    swept = await _ok(nc, subjects.CLEANUP_SWEEP, runId=run)
+    assert (swept["run"]["away"], swept["run"]["cleanupStatus"]) == (1, "pending"), swept
+
+    page = await new_page(browser)
+    try:
+        await log_in(page, alerting.url)
+        await page.wait_for_url("**/console/runs")
+        row = page.locator(f'tr[data-run="{run}"]')
+        assert "wants-person" in (await row.get_attribute("class") or "")
+        flag = row.locator(".badge.c-amber.waiting-too-long")
+        assert "for its shard" in await flag.inner_text() and "waiting" in await flag.inner_text()
+        await page.goto(f"{alerting.url}/console/runs/{run}")
+        flag = page.locator("#run-waiting.waiting-too-long.c-amber")
+        assert "for its shard" in await flag.inner_text()
+        assert "wants-person" in (await page.locator("#run-cleanup").get_attribute("class") or "")
+        await page.click("#retry-cleanup")  # tries now: the shard is still away, so it waits on
+        await page.wait_for_selector('#answer[data-status="200"]')
+        assert "cleanup pending" in await page.inner_text("#answer")
+        no_js_errors(page)
+    finally:
+        await page.context.close()
+
+    page = await new_page(browser)
+    try:
+        await log_in(page, patient.url)
+        await page.wait_for_url("**/console/runs")
+        row = page.locator(f'tr[data-run="{run}"]')
+        await row.wait_for()
+        assert await row.locator(".waiting-too-long").count() == 0
+        assert "wants-person" not in (await row.get_attribute("class") or "")
+        await page.goto(f"{patient.url}/console/runs/{run}")
+        assert "for its shard" in await page.inner_text("#run-waiting.waiting")
+        assert await page.locator(".waiting-too-long").count() == 0
+    finally:
+        await page.context.close()

@@ -68,7 +68,8 @@ OUTCOMES = Statement("OUTCOMES", """
     rule from statuses.OUTCOMES (or a one-row subject's): its target (NULL: back to the status
     before the claim, else :fallback), whether it spends an attempt, gives up, counts a
     give-back that met nobody (away + 1, retry_at = now + min(:backoff_max, :backoff ×
-    2^min(away, :exponent_max))) or clears that count, and its log kind. Only rows in :allowed
+    2^min(away, :exponent_max)), away_since = now on the first miss in a row) or clears that
+    count (and away_since), and its log kind. Only rows in :allowed
     change, each with its log entry and event; the others come back with their status (a
     conflict), unknown ids not at all (missing).""", compose("""
     WITH given AS (
@@ -88,6 +89,8 @@ OUTCOMES = Statement("OUTCOMES", """
                                    CAST(:backoff_max AS double precision),
                                    CAST(:backoff AS double precision) * power(2, least(s.away, :exponent_max))))
                                WHEN g.clears_away THEN NULL ELSE s.retry_at END,
+               away_since = CASE WHEN g.counts_away THEN COALESCE(CASE WHEN s.away > 0 THEN s.away_since END, now())
+                                 WHEN g.clears_away THEN NULL ELSE s.away_since END,
                last_error = COALESCE(g.error, s.last_error), claimed_at = NULL, updated_at = now()
         FROM given g WHERE s.id = g.id AND s.status = ANY(:allowed)
         RETURNING s.*, g.error AS given_error, g.to_status, g.gives_up, g.counts_away, g.log_kind
@@ -140,17 +143,24 @@ FINISH = Statement("FINISH", """
 
 WAITING = Statement("WAITING", """
     Terminal runs whose cleanup is sweepable and that hold rows (status in :waiting) whose last
-    give-back met nobody (away > 0): shard, how many, first due, most misses; due first first.""",
+    give-back met nobody (away > 0): shard, how many, first due, most misses, waiting since
+    (the earliest first miss in a row; a row from before revision 0006 without one counts from
+    its last change); due first first. Only :run_id when given; only runs waiting more than
+    :longer_than seconds when given.""",
                     """
     SELECT json_build_object('runId', r.run_id, 'shard', r.shard, 'rows', w.rows,
-                             'retryAt', w.retry_at, 'away', w.away)::text AS run
+                             'retryAt', w.retry_at, 'away', w.away, 'waitingSince', w.since)::text AS run
     FROM runs r
     CROSS JOIN LATERAL (
-        SELECT count(*) AS rows, min(s.retry_at) AS retry_at, max(s.away) AS away
+        SELECT count(*) AS rows, min(s.retry_at) AS retry_at, max(s.away) AS away,
+               min(COALESCE(s.away_since, s.updated_at)) AS since
         FROM resources s
         WHERE s.run_id = r.run_id AND s.status = ANY(:waiting) AND s.away > 0
     ) w
     WHERE r.status = ANY(:terminal) AND r.cleanup_status = ANY(:sweepable) AND w.rows > 0
+      AND (CAST(:run_id AS text) IS NULL OR r.run_id = :run_id)
+      AND (CAST(:longer_than AS double precision) IS NULL
+           OR w.since < now() - make_interval(secs => CAST(:longer_than AS double precision)))
     ORDER BY w.retry_at NULLS LAST, r.run_id LIMIT :limit""")
 
 RETRY = Statement("RETRY", """
@@ -162,12 +172,36 @@ RETRY = Statement("RETRY", """
         WHERE run_id = :run_id AND cleanup_status = ANY(:allowed)
         RETURNING *
     ), reset AS (
-        UPDATE resources SET attempts = 0, gave_up = false, away = 0, retry_at = NULL, updated_at = now()
+        UPDATE resources SET attempts = 0, gave_up = false, away = 0, retry_at = NULL, away_since = NULL,
+                             updated_at = now()
         WHERE run_id IN (SELECT run_id FROM changed) AND status = ANY(:unresolved)
         RETURNING id
     ), logged AS (
         INSERT INTO run_log (run_id, kind, detail)
         SELECT run_id, :log_kind, jsonb_build_object('reset', (SELECT count(*) FROM reset))
+        FROM changed
+    ), $events""", events=run_events("changed")))
+
+RETRY_WAITING = Statement("RETRY_WAITING", """
+    A person's retry of a run waiting for its shard or module (terminal, cleanup in :sweepable,
+    holding rows in :waiting whose give-back met nobody): those rows' back-off is cleared
+    (retry_at NULL: the next claim takes them at once; their misses and waiting-since stay until
+    an answer), with the run's log entry (:log_kind, how many came due) and event. The run itself
+    is left as it is (its place among the candidates too).""", compose("""
+    WITH changed AS (
+        SELECT r.* FROM runs r
+        WHERE r.run_id = :run_id AND r.status = ANY(:terminal) AND r.cleanup_status = ANY(:sweepable)
+          AND EXISTS (SELECT 1 FROM resources s WHERE s.run_id = r.run_id AND s.status = ANY(:waiting)
+                                                  AND s.away > 0)
+        FOR UPDATE
+    ), due AS (
+        UPDATE resources s SET retry_at = NULL
+        WHERE s.run_id IN (SELECT run_id FROM changed) AND s.status = ANY(:waiting) AND s.away > 0
+          AND s.retry_at IS NOT NULL
+        RETURNING s.id
+    ), logged AS (
+        INSERT INTO run_log (run_id, kind, detail)
+        SELECT run_id, :log_kind, jsonb_build_object('dueNow', (SELECT count(*) FROM due))
         FROM changed
     ), $events""", events=run_events("changed")))
 

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 from pydantic import ValidationError
 
-from services.web.console import auth, boards, leases, pages, run, runs, shards
+from services.web.console import auth, boards, leases, pages, run, runs, shards, waiting
 from services.web.console.pages import render
 from services.web.console.reads import ask
 from services.web.console.words import CLEANUP, RUN
@@ -120,12 +120,13 @@ async def runs_page(request: Request) -> Response:
     f = runs.RunFilter.parse(request.query_params)
     feed = "types=ledger" + (f"&shards={f.shard}" if f.shard else "")
     if request.query_params.get("fragment") == "1":  # a live reload of the list: the list only
-        result = await runs.runs_page(request, f)
-        return render(request, "_runs.html", page="runs", f=f, result=result)
-    result, overdue = await asyncio.gather(runs.runs_page(request, f),
-                                           leases.overdue(request, leases.ON_RUNS_PAGE, brief=True))
+        result, waits = await asyncio.gather(runs.runs_page(request, f), waiting.too_long(request))
+        return render(request, "_runs.html", page="runs", f=f, result=result, waits=waits)
+    result, overdue, waits = await asyncio.gather(runs.runs_page(request, f),
+                                                  leases.overdue(request, leases.ON_RUNS_PAGE, brief=True),
+                                                  waiting.too_long(request))
     return render(request, "runs.html", page="runs", f=f, result=result, leases=overdue, feed=feed,
-                  run_statuses=list(RUN), cleanup_statuses=list(CLEANUP))
+                  run_statuses=list(RUN), cleanup_statuses=list(CLEANUP), waits=waits)
 
 
 @router.get("/console/leases")
@@ -146,12 +147,12 @@ async def run_page(request: Request, run_id: str, after: str | None = None) -> R
         view = run.RunView(run_id[:RUN_ID_MAX], error=f"a run id must match {LEDGER_ID_PATTERN}")
         return render(request, "run.html", status=HTTPStatus.NOT_FOUND, page="runs", view=view, feed="", after=None)
     after_id = int(after) if after and after.isdigit() and len(after) < 19 else None
-    view = await run.run_view(request, run_id, after_id)
+    view, wait = await asyncio.gather(run.run_view(request, run_id, after_id), waiting.of_run(request, run_id))
     shard = view.run.get("shard")
     feed = "types=ledger" + (f"&shards={shard}" if is_shard_id(shard) else "")
     status = HTTPStatus.NOT_FOUND if view.error and view.error.startswith(str(HTTPStatus.NOT_FOUND)) else HTTPStatus.OK
     return render(request, _fragment(request, "run.html", "_run.html"), status=status, page="runs", view=view,
-                  feed=feed, after=after_id)
+                  feed=feed, after=after_id, wait=wait)
 
 
 @router.get("/console/calendar")
