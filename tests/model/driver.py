@@ -8,17 +8,21 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import nats
 import nats.errors
 import nats.js.errors
 
+from shardbus import embedded
 from shared import subjects
 from tests.model.reference import Model, Refused, check
 from tests.processes import ServiceProcess, ServiceProcesses
@@ -34,9 +38,11 @@ OP_SUBJECTS = {
     "settle": subjects.LEDGER_SWEEP_SETTLE,
 }
 REQUEST_TIMEOUT_S = 5.0
-SETTLE_TRIES = 40
-"""How many times a request whose answer was lost (timeout, no responders, 503) is sent again,
-with the same body (idempotency key), before the test gives up on the ledger."""
+SETTLE_S = 90.0
+"""How long a request whose answer was lost (timeout, no responders, 503) is sent again, with
+the same body (idempotency key), before the test gives up on the ledger."""
+NATS_PAUSE_S = 1.5
+"""How long a NATS pause (SIGSTOP … SIGCONT) lasts."""
 
 
 class Loop:
@@ -81,27 +87,67 @@ class Step:
         return out
 
 
-class Ledger:
-    """The replicas, the client, the history."""
+class Servers:
+    """A nats-server and a PostgreSQL of the test's own, so that a rule may pause the one
+    (SIGSTOP) and restart the other without touching the session's servers or another test."""
 
-    def __init__(self, loop: Loop, procs: ServiceProcesses, nats_url: str, database_url: str,
-                 replicas: int) -> None:
-        self.loop, self.procs, self.nats_url, self.database_url = loop, procs, nats_url, database_url
+    def __init__(self) -> None:
+        # Not under pytest's tmp_path: PostgreSQL, run as its own user under root, could not
+        # reach it (tests/faults/test_postgres_restart.py says why).
+        self.dir = Path(tempfile.mkdtemp(prefix="shardbus-model-"))
+        self.pg_port = embedded.free_port()
+        self.nats = embedded.start_nats(self.dir / "nats")
+        try:
+            self.pg = embedded.start_postgres(self.dir / "pg", port=self.pg_port, durable=False)
+            self.pg.create_database("ledger")
+        except BaseException:
+            self.nats.stop()
+            raise
+        self.database_url = self.pg.url("ledger")
+
+    def pause_nats(self) -> None:
+        """Freeze nats-server for :data:`NATS_PAUSE_S` (every connection stalls), then thaw it."""
+        time.sleep(0.05)  # let the step's requests leave first
+        self.nats.proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(NATS_PAUSE_S)
+        finally:
+            self.nats.proc.send_signal(signal.SIGCONT)
+
+    def restart_postgres(self) -> None:
+        """Stop PostgreSQL (fast shutdown: open transactions roll back), start it again."""
+        time.sleep(0.05)
+        self.pg.stop()
+        self.pg = embedded.start_postgres(self.dir / "pg", port=self.pg_port, durable=False)
+
+    def stop(self) -> None:
+        try:
+            self.pg.stop()
+        finally:
+            self.nats.proc.send_signal(signal.SIGCONT)  # a frozen server would not hear SIGTERM
+            self.nats.stop()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Ledger:
+    """The replicas and the client."""
+
+    def __init__(self, loop: Loop, procs: ServiceProcesses, servers: Servers, replicas: int) -> None:
+        self.loop, self.procs, self.servers = loop, procs, servers
         self.replicas: list[ServiceProcess] = [self.start_replica() for _ in range(replicas)]
-        self.nc: nats.NATS = loop.run(nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=-1,
+        self.nc: nats.NATS = loop.run(nats.connect(servers.nats.url, connect_timeout=5, max_reconnect_attempts=-1,
                                                    reconnect_time_wait=0.2))
-        self.faults = 0
 
     def start_replica(self) -> ServiceProcess:
-        return self.procs.start("ledger", database_url=self.database_url, db_pool_size="4")
+        return self.procs.start("ledger", database_url=self.servers.database_url, db_pool_size="4")
 
     def kill_and_restart(self, index: int) -> None:
         """SIGKILL one replica (whatever it had in flight is lost mid-way), start another."""
+        time.sleep(0.05)
         victim = self.replicas[index % len(self.replicas)]
         victim.proc.send_signal(signal.SIGKILL)
         victim.proc.wait(10)
         self.replicas[index % len(self.replicas)] = self.start_replica()
-        self.faults += 1
 
     def close(self) -> None:
         self.loop.run(self.nc.close(), 10)
@@ -110,7 +156,10 @@ class Ledger:
         """Send one request until it is answered (a lost answer is sent again, same body)."""
         subject = OP_SUBJECTS[op].format(module=module)
         payload = json.dumps(req).encode()
-        for tries in range(1, SETTLE_TRIES + 1):
+        deadline = time.monotonic() + SETTLE_S
+        for tries in itertools.count(1):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{op} {req} not answered within {SETTLE_S} s ({tries - 1} tries)")
             try:
                 reply = json.loads((await self.nc.request(subject, payload, timeout=REQUEST_TIMEOUT_S)).data)
                 if reply.get("status") != 503:
@@ -118,7 +167,7 @@ class Ledger:
             except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError):
                 pass
             await asyncio.sleep(0.2)
-        raise TimeoutError(f"{op} {req} not answered in {SETTLE_TRIES} tries")
+        raise AssertionError("unreachable")
 
     def fire(self, step: Step, module: str, during: Any = None) -> None:
         """Send the step's requests at once (asyncio.gather); ``during`` (a callable) runs on
@@ -128,7 +177,7 @@ class Ledger:
         future = asyncio.run_coroutine_threadsafe(all_at_once(), self.loop.loop)
         if during is not None:
             during()
-        for reply, tries in future.result(SETTLE_TRIES * (REQUEST_TIMEOUT_S + 1)):
+        for reply, tries in future.result(SETTLE_S + 2 * REQUEST_TIMEOUT_S):
             step.replies.append(reply)
             step.tries.append(tries)
 

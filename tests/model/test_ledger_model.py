@@ -26,12 +26,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
 
 from shared.contracts import ledger_statuses as v
-from tests.model.driver import Ledger, Loop, Step, explain, read_events, read_state
+from tests.model.driver import Ledger, Loop, Servers, Step, explain, read_events, read_state
 from tests.model.reference import MAX_ATTEMPTS, TERMINAL, UNKNOWN, Model
 from tests.processes import ServiceProcesses
 
-EXAMPLES = int(os.environ.get("SHARDBUS_MODEL_EXAMPLES", "4"))
+EXAMPLES = int(os.environ.get("SHARDBUS_MODEL_EXAMPLES", "5"))
 STEPS = int(os.environ.get("SHARDBUS_MODEL_STEPS", "20"))
+FAULTS = int(os.environ.get("SHARDBUS_MODEL_FAULTS", "2"))
+"""At most this many faults an example (each costs a process start or a restart: seconds)."""
 KIND = "creature"
 REFS = ("r0", "r1", "r2")
 """Few targets, so that reservations meet live rows and expiries meet several rows."""
@@ -54,6 +56,7 @@ class LedgerHistory(RuleBasedStateMachine):
         self.tag = tag
         self.history: list[Step] = []
         self.keys = 0
+        self.faults = 0
 
     # --- driving ------------------------------------------------------------------------
 
@@ -66,6 +69,8 @@ class LedgerHistory(RuleBasedStateMachine):
         except AssertionError as failure:
             raise AssertionError(self.story() + "\n" + str(failure)) from None
         self.record["steps"] += 1
+        self.record["replies"].update(f"{op} {reply['status']}" for (op, _), reply in zip(step.requests, step.replies,
+                                                                                          strict=True))
         return step
 
     def story(self) -> str:
@@ -75,8 +80,14 @@ class LedgerHistory(RuleBasedStateMachine):
         self.keys += 1
         return f"{self.tag}-k{self.keys}"
 
-    def runs(self) -> list[str]:
-        return sorted(self.model.runs)
+    def runs(self, *, terminal: bool | None = None, cleanup: str | None = None) -> list[str]:
+        """The example's run ids, those over (or not) and with that cleanup status when asked."""
+        return sorted(r.id for r in self.model.runs.values()
+                      if (terminal is None or (r.status in TERMINAL) == terminal)
+                      and (cleanup is None or r.cleanup == cleanup))
+
+    def any_run(self, **which: Any) -> bool:
+        return bool(self.runs(**which))
 
     def add_request(self, op: str, run_id: str, ref: str, key: str) -> tuple[str, dict[str, Any]]:
         return op, {"runId": run_id, "module": self.model.module, "kind": KIND, "ref": ref, "idempotencyKey": key,
@@ -104,6 +115,13 @@ class LedgerHistory(RuleBasedStateMachine):
         run_id = chosen(self.runs(), run)
         key = self.new_key()
         self.step("add race", [self.add_request(op, run_id, ref, key if same_key else self.new_key()) for op in ops])
+
+    @precondition(lambda self: self.any_run(terminal=False))
+    @rule(run=pick, ref=st.sampled_from(REFS), times=st.integers(1, 3))
+    def reserve_race(self, run: int, ref: str, times: int) -> None:
+        """Shards of a running run reserving one target with keys of their own."""
+        run_id = chosen(self.runs(terminal=False), run)
+        self.step("reserve race", [self.add_request("reserve", run_id, ref, self.new_key()) for _ in range(times)])
 
     @precondition(lambda self: self.model.rows)
     @rule(row=pick, times=st.integers(1, 3), other_ref=st.booleans())
@@ -133,19 +151,22 @@ class LedgerHistory(RuleBasedStateMachine):
             requests.append((op, body))
         self.step("row race", requests)
 
+    @precondition(lambda self: any(r.status == v.CONFIRMED for r in self.model.rows.values()))
     @rule(run=pick, present=st.sets(st.sampled_from(REFS)))
     def reconcile(self, run: int, present: set[str]) -> None:
         self.step("reconcile", [("reconcile", {"runId": chosen(self.runs(), run), "kind": KIND,
                                                "present": sorted(present)})])
 
+    @precondition(lambda self: self.any_run(terminal=False))
     @rule(run=pick, to=st.sampled_from([v.COMPLETED, v.CANCELLED, v.RUN_FAILED]), times=st.integers(1, 2))
     def end_run(self, run: int, to: str, times: int) -> None:
-        self.step("end run", [("run_status", {"runId": chosen(self.runs(), run), "status": to})] * times)
+        self.step("end run", [("run_status", {"runId": chosen(self.runs(terminal=False), run), "status": to})] * times)
 
+    @precondition(lambda self: self.any_run(terminal=True))
     @rule(run=pick, times=st.integers(1, 3))
     def claim_race(self, run: int, times: int) -> None:
         """Sweepers racing to claim one run: together they take every claimable row, each once."""
-        run_id = chosen(self.runs(), run)
+        run_id = chosen(self.runs(terminal=True), run)
         before = {r.id for r in self.model.claimable(run_id)}
         body = {"runId": run_id, "maxAttempts": MAX_ATTEMPTS, "limit": 1000, "claimTimeoutS": 3600}
         step = self.step("claim race", [("claim", body)] * times)
@@ -153,12 +174,13 @@ class LedgerHistory(RuleBasedStateMachine):
             taken = [r["resourceId"] for reply in step.replies for r in reply["resources"]]
             assert sorted(taken) == sorted(before), self.story() + f"\nclaimed {taken}, claimable {sorted(before)}"
 
+    @precondition(lambda self: any(r.status == v.REVERTING for r in self.model.rows.values()))
     @rule(run=pick, verdicts=st.lists(st.sampled_from(["reverted", "drifted", "failed", "transient"]), min_size=1,
                                       max_size=6),
           stray=st.booleans())
     def outcomes(self, run: int, verdicts: list[str], stray: bool) -> None:
         """One batch of give-back outcomes (a stray row: a conflict; an unknown id: missing)."""
-        run_id = chosen(self.runs(), run)
+        run_id = chosen(sorted({r.run for r in self.model.rows.values() if r.status == v.REVERTING}), run)
         rows = sorted(self.model.of_run(run_id), key=lambda r: r.id)
         given = [r for r in rows if r.status == v.REVERTING] + ([r for r in rows if r.status != v.REVERTING][:1]
                                                                   if stray else [])
@@ -179,18 +201,28 @@ class LedgerHistory(RuleBasedStateMachine):
                          and r.cleanup == v.CLEANUP_PENDING], run)
         self.step("finish", [("finish", {"runId": run_id, "maxAttempts": MAX_ATTEMPTS, "summary": {}})] * times)
 
+    @precondition(lambda self: self.any_run(cleanup=v.CLEANUP_INCOMPLETE))
     @rule(run=pick, times=st.integers(1, 3))
     def retry(self, run: int, times: int) -> None:
-        self.step("retry", [("retry", {"runId": chosen(self.runs(), run)})] * times)
+        """A person's retry, asked once or by several at once (the rest: replays)."""
+        self.step("retry", [("retry", {"runId": chosen(self.runs(cleanup=v.CLEANUP_INCOMPLETE), run)})] * times)
+
+    @rule(run=pick)
+    def retry_anything(self, run: int) -> None:
+        """A retry of any run: a 409 unless it is incomplete (or the same retry again)."""
+        self.step("retry", [("retry", {"runId": chosen(self.runs(), run)})])
 
     @rule()
     def settle(self) -> None:
         self.step("settle", [("settle", {})])
 
-    @rule(replica=st.integers(0, 1), ref=st.sampled_from(REFS), row=pick)
-    def kill_replica(self, replica: int, ref: str, row: int) -> None:
-        """SIGKILL a replica while requests are in flight (each retried with its own key or
-        body until answered), then start a new one: each happened exactly once."""
+    @precondition(lambda self: self.faults < FAULTS)
+    @rule(fault=st.sampled_from(["kill a replica", "pause NATS", "restart PostgreSQL"]), replica=st.integers(0, 1),
+          ref=st.sampled_from(REFS), row=pick)
+    def fault(self, fault: str, replica: int, ref: str, row: int) -> None:
+        """A fault while requests are in flight — a ledger replica SIGKILLed (and a new one
+        started), nats-server frozen, PostgreSQL restarted — each request retried with its
+        same key or body until answered: each must then have happened exactly once."""
         run_id = chosen(self.runs(), row)
         requests = [self.add_request("reserve", run_id, ref, self.new_key()),
                     self.add_request("record", run_id, chosen(REFS, row + 1), self.new_key())]
@@ -198,8 +230,12 @@ class LedgerHistory(RuleBasedStateMachine):
         if pending:
             requests.append(("confirm" if row % 2 else "fail", {"resourceId": chosen(pending, row),
                                                                 "error": FAIL_ERROR}))
-        self.step("kill a replica", requests, during=lambda: self.ledger.kill_and_restart(replica))
-        self.record["faults"] += 1
+        inject = {"kill a replica": lambda: self.ledger.kill_and_restart(replica),
+                  "pause NATS": self.ledger.servers.pause_nats,
+                  "restart PostgreSQL": self.ledger.servers.restart_postgres}[fault]
+        self.faults += 1
+        self.step(fault, requests, during=inject)
+        self.record["faults"][fault] += 1
 
     # --- the end: what the ledger says equals the model ------------------------------------
 
@@ -254,14 +290,17 @@ class LedgerHistory(RuleBasedStateMachine):
             self.record["events"] += len(events)
 
 
-def run_model(tmp_path, nats_url: str, database_url: str, examples: int, steps: int) -> dict[str, Any]:
-    """Run the state machine against two ledger replicas; a record of what it did."""
+def run_model(tmp_path, examples: int, steps: int) -> dict[str, Any]:
+    """Run the state machine against two ledger replicas on servers of its own; a record of
+    what it did."""
     loop = Loop()
-    procs = ServiceProcesses(tmp_path, nats_url)
-    record = {"examples": examples, "steps": 0, "faults": 0, "events": 0}
+    servers = Servers()
+    procs = ServiceProcesses(tmp_path, servers.nats.url)
+    record: dict[str, Any] = {"examples": examples, "steps": 0, "faults": collections.Counter(), "events": 0,
+                              "replies": collections.Counter()}
     started = time.monotonic()
     try:
-        LedgerHistory.ledger = Ledger(loop, procs, nats_url, database_url, replicas=2)
+        LedgerHistory.ledger = Ledger(loop, procs, servers, replicas=2)
         LedgerHistory.record = record
         try:
             run_state_machine_as_test(LedgerHistory, settings=settings(
@@ -272,11 +311,12 @@ def run_model(tmp_path, nats_url: str, database_url: str, examples: int, steps: 
     finally:
         procs.stop_all()
         loop.close()
+        servers.stop()
     record["seconds"] = round(time.monotonic() - started, 1)
     return record
 
 
-def test_the_ledgers_history_is_one_the_model_allows(tmp_path, nats_url, migrated_database_url):
-    record = run_model(tmp_path, nats_url, migrated_database_url, EXAMPLES, STEPS)
+def test_the_ledgers_history_is_one_the_model_allows(tmp_path):
+    record = run_model(tmp_path, EXAMPLES, STEPS)
     print(f"model run: {record}")
     assert record["steps"] > 0
