@@ -164,8 +164,8 @@ class Ledger:
                 reply = json.loads((await self.nc.request(subject, payload, timeout=REQUEST_TIMEOUT_S)).data)
                 if reply.get("status") != 503:
                     return reply, tries
-            except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError):
-                pass
+            except (nats.errors.Error, OSError, TimeoutError):  # lost on the way: timeout, no responders,
+                pass                                             # reconnecting (a paused or restarted server)
             await asyncio.sleep(0.2)
         raise AssertionError("unreachable")
 

@@ -57,17 +57,23 @@ class LedgerHistory(RuleBasedStateMachine):
         self.history: list[Step] = []
         self.keys = 0
         self.faults = 0
+        self.in_sync = True
 
     # --- driving ------------------------------------------------------------------------
 
     def step(self, rule_name: str, requests: list[tuple[str, dict[str, Any]]], during: Any = None) -> Step:
         step = Step(rule_name, requests)
         self.history.append(step)
-        self.ledger.fire(step, self.model.module, during)
+        self.in_sync = False  # until the step's replies are explained
+        try:
+            self.ledger.fire(step, self.model.module, during)
+        except Exception as failure:
+            raise AssertionError(self.story() + f"\n{rule_name} failed: {failure!r}") from failure
         try:
             self.model = explain(self.model, step)
         except AssertionError as failure:
             raise AssertionError(self.story() + "\n" + str(failure)) from None
+        self.in_sync = True
         self.record["steps"] += 1
         self.record["replies"].update(f"{op} {reply['status']}" for (op, _), reply in zip(step.requests, step.replies,
                                                                                           strict=True))
@@ -160,19 +166,24 @@ class LedgerHistory(RuleBasedStateMachine):
     @precondition(lambda self: self.any_run(terminal=False))
     @rule(run=pick, to=st.sampled_from([v.COMPLETED, v.CANCELLED, v.RUN_FAILED]), times=st.integers(1, 2))
     def end_run(self, run: int, to: str, times: int) -> None:
-        self.step("end run", [("run_status", {"runId": chosen(self.runs(terminal=False), run), "status": to})] * times)
+        run_id = chosen(self.runs(terminal=False), run)
+        self.step("end run", [("run_status", {"runId": run_id, "status": to})] * times)
 
     @precondition(lambda self: self.any_run(terminal=True))
     @rule(run=pick, times=st.integers(1, 3))
     def claim_race(self, run: int, times: int) -> None:
+        self.claim(chosen(self.runs(terminal=True), run), times)
+
+    def claim(self, run_id: str, times: int) -> list[int]:
         """Sweepers racing to claim one run: together they take every claimable row, each once."""
-        run_id = chosen(self.runs(terminal=True), run)
         before = {r.id for r in self.model.claimable(run_id)}
         body = {"runId": run_id, "maxAttempts": MAX_ATTEMPTS, "limit": 1000, "claimTimeoutS": 3600}
         step = self.step("claim race", [("claim", body)] * times)
         if self.model.runs[run_id].status in TERMINAL:
             taken = [r["resourceId"] for reply in step.replies for r in reply["resources"]]
             assert sorted(taken) == sorted(before), self.story() + f"\nclaimed {taken}, claimable {sorted(before)}"
+            return taken
+        return []
 
     @precondition(lambda self: any(r.status == v.REVERTING for r in self.model.rows.values()))
     @rule(run=pick, verdicts=st.lists(st.sampled_from(["reverted", "drifted", "failed", "transient"]), min_size=1,
@@ -207,10 +218,23 @@ class LedgerHistory(RuleBasedStateMachine):
         """A person's retry, asked once or by several at once (the rest: replays)."""
         self.step("retry", [("retry", {"runId": chosen(self.runs(cleanup=v.CLEANUP_INCOMPLETE), run)})] * times)
 
-    @rule(run=pick)
-    def retry_anything(self, run: int) -> None:
-        """A retry of any run: a 409 unless it is incomplete (or the same retry again)."""
-        self.step("retry", [("retry", {"runId": chosen(self.runs(), run)})])
+    @rule(run=pick, verdicts=st.lists(st.sampled_from(["reverted", "drifted", "failed", "transient"]),
+                                      min_size=1, max_size=4), sweepers=st.integers(1, 2))
+    def sweep_run(self, run: int, verdicts: list[str], sweepers: int) -> None:
+        """What the cleanup service does with a run, in its order: end it (if it is not over),
+        claim (one or two sweepers at once), record the outcomes, finish."""
+        run_id = chosen(self.runs(), run)
+        if self.model.runs[run_id].status not in TERMINAL:
+            self.step("end run", [("run_status", {"runId": run_id, "status": v.COMPLETED})])
+        claimed = self.claim(run_id, sweepers)
+        if claimed:
+            outcomes = [{"resourceId": rid, "verdict": chosen(verdicts, i)} for i, rid in enumerate(claimed)]
+            for outcome in outcomes:
+                if outcome["verdict"] in ("failed", "transient"):
+                    outcome["error"] = "the shard said no"
+            self.step("outcomes", [("outcomes", {"outcomes": outcomes})])
+        if self.model.runs[run_id].cleanup == v.CLEANUP_PENDING:
+            self.step("finish", [("finish", {"runId": run_id, "maxAttempts": MAX_ATTEMPTS, "summary": {}})])
 
     @rule()
     def settle(self) -> None:
@@ -241,7 +265,7 @@ class LedgerHistory(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
-            if self.history:
+            if self.history and self.in_sync:  # else a step failed already, with its history
                 self.check_final_state()
         finally:
             # Settle what this example left, so that a later example's settle counts only its own.
