@@ -21,6 +21,7 @@ import time
 import uuid
 from typing import Any, ClassVar
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
@@ -340,6 +341,8 @@ def run_model(tmp_path, examples: int, steps: int) -> dict[str, Any]:
     return record
 
 
+# pytest's 300 s would cut a long run, or the shrinking of a failure (each step is real I/O).
+@pytest.mark.timeout(max(900, EXAMPLES * STEPS * 2))
 def test_the_ledgers_history_is_one_the_model_allows(tmp_path):
     record = run_model(tmp_path, EXAMPLES, STEPS)
     print(f"model run: {record}")
