@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 LOCAL_NATS_URL ?= nats://127.0.0.1:4222
 LOCAL_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
-.PHONY: up test test-unit test-integration test-system test-local-servers test-faults bench soak docs clean browser promtool lint
+.PHONY: up test test-unit test-integration test-system test-local-servers test-faults test-model bench soak docs clean browser promtool lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -89,6 +89,16 @@ test-local-servers: $(STAMP) browser promtool
 
 test-faults: $(STAMP)
 	$(NO_STACK) $(PY) -m pytest -m faults
+
+# The ledger's whole history against its reference model (tests/model), long: MODEL_EXAMPLES
+# examples of up to MODEL_STEPS steps each, MODEL_FAULTS faults an example at most. `make test`
+# runs the same test short (5 examples of 20 steps).
+MODEL_EXAMPLES ?= 50
+MODEL_STEPS ?= 100
+MODEL_FAULTS ?= 3
+test-model: $(STAMP)
+	$(NO_STACK) SHARDBUS_MODEL_EXAMPLES=$(MODEL_EXAMPLES) SHARDBUS_MODEL_STEPS=$(MODEL_STEPS) \
+		SHARDBUS_MODEL_FAULTS=$(MODEL_FAULTS) $(PY) -m pytest tests/model -s -p no:cacheprovider --timeout=0
 
 # Lint and types (CI runs this): ruff over the tree, mypy strict on services/, shared/,
 # shardbus/ and simulator/ (pyproject.toml holds both configurations).

@@ -28,6 +28,7 @@ from services.ledger.queries.sweep import (
     OUTCOMES,
     RETRY,
     RETRY_WAITING,
+    RUN_TO_FINISH,
     SETTLE,
     WAITING,
 )
@@ -38,6 +39,7 @@ from services.ledger.store import (
     Conflict,
     Database,
     Json,
+    NotFound,
     as_object,
     first,
     one,
@@ -191,8 +193,14 @@ async def finish(db: Database, run_id: str, max_attempts: int,
     ``complete`` with nothing unresolved, ``incomplete`` when nothing left is within the
     sweep's reach (drifted, refused, attempts spent), else it stays ``pending``."""
     rule = statuses.FINISH
-    async with db.connect() as conn:
-        run = await run_or_not_found(conn, run_id)
+    async with db.connect() as conn, conn.transaction():
+        # The run's row stays locked from this read to the change: a finish racing this one
+        # (two sweepers) waits, then reads what this one committed (a READ COMMITTED statement
+        # would otherwise log, publish and answer the cleanup status from before it).
+        found = await first(conn, RUN_TO_FINISH, {"id": run_id})
+        if found is None:
+            raise NotFound(f"no run {run_id!r}")
+        run = as_object(found["run"])
         if run["status"] not in statuses.RUN_TERMINAL:
             raise Conflict(f"run {run_id!r} is {run['status']}; a sweep finishes only a run that is over")
         row = await one(conn, FINISH,

@@ -109,6 +109,12 @@ OUTCOMES = Statement("OUTCOMES", """
     WHERE s.id = ANY(CAST(:ids AS bigint[])) AND s.id NOT IN (SELECT id FROM changed)
     ORDER BY id""", events=resource_events_cte("changed", "c.log_kind")))
 
+RUN_TO_FINISH = Statement("RUN_TO_FINISH", """
+    The run's wire JSON, its row locked until the transaction ends: a finish reads the cleanup
+    status it starts from and changes it as one step, so a second finish racing it reads what
+    the first committed, not what was there before (none: no such run).""", compose("""
+    SELECT $run::text AS run FROM runs r WHERE run_id = :id FOR UPDATE""", run=run_json("r")))
+
 FINISH = Statement("FINISH", """
     End a sweep of the run: if its cleanup is in :allowed it becomes :clean with nothing
     unresolved left, :stuck with nothing left in the sweep's reach, else :unfinished
