@@ -25,7 +25,22 @@ RUN_MOVES = {v.RUNNING: (v.SCHEDULED,), v.COMPLETED: (v.RUNNING,), v.RUN_FAILED:
              v.CANCELLED: (v.SCHEDULED, v.RUNNING), v.MISSED: (v.SCHEDULED,)}
 MAX_ATTEMPTS = 3
 EXPIRED_ERROR = "the game ended it at its deadline"  # SPEC S000:176, the lastError an expiry writes
-UNKNOWN = object()
+class _Unknown:
+    """The one value of :data:`UNKNOWN`: it stays itself through ``copy.deepcopy`` (the model is
+    copied to try each order of a step's requests; a plain ``object()`` came back as another
+    object, and ``is UNKNOWN`` failed on a copied row)."""
+
+    def __deepcopy__(self, _memo: object) -> _Unknown:
+        return self
+
+    def __copy__(self) -> _Unknown:
+        return self
+
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+
+UNKNOWN = _Unknown()
 """A field the docs do not pin down after some step (e.g. ``lastError`` after a give-back)."""
 
 
