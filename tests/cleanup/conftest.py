@@ -181,3 +181,21 @@ async def wait_for(check, what: str, timeout: float = WAIT_S, every: float = 0.1
             await asyncio.sleep(every)
     assert result, what
     return result
+
+
+async def shard_gone_from_gateway(nc: nats.NATS, shard: Shard) -> None:
+    """Wait until no gateway names ``shard`` among its connected shards (after ``sim.drop()``)."""
+    async def gone() -> bool:
+        health = await ask(nc, subjects.health("gateway"))
+        return shard.id not in health.get("shards", [shard.id])
+
+    await wait_for(gone, "the gateway noticed the shard left", timeout=10)
+
+
+async def shard_answers(shard: Shard) -> bool:
+    """Whether ``shard`` answers a command again (a wait_for check after ``sim.connect()``)."""
+    try:
+        return (await shard.command("lease.list", {})).get("status") == 200
+    except Exception:
+        await asyncio.sleep(0.05)
+        return False

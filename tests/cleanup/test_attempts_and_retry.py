@@ -11,21 +11,21 @@ from __future__ import annotations
 import asyncio
 
 from shared import subjects
-from tests.cleanup.conftest import ask, connect_shard, ok, start_cleanup, wait_for
+from tests.cleanup.conftest import (
+    ask,
+    connect_shard,
+    ok,
+    shard_answers,
+    shard_gone_from_gateway,
+    start_cleanup,
+    wait_for,
+)
 
 BACKOFF = {"away_backoff_s": "0.2", "away_backoff_max_s": "0.4"}
 """A back-off short enough that every sweep below finds the row due again."""
 
 DUE_S = 0.6
 """Longer than the back-off's cap: after this the row may be claimed again."""
-
-
-async def _shard_gone_from_gateway(nc, shard) -> None:
-    async def gone() -> bool:
-        health = await ask(nc, subjects.health("gateway"))
-        return shard.id not in health.get("shards", [shard.id])
-
-    await wait_for(gone, "the gateway noticed the shard left", timeout=10)
 
 
 async def _waiting(nc) -> dict[str, dict]:
@@ -41,7 +41,7 @@ async def test_a_shard_away_spends_no_attempt_however_many_sweeps_and_is_given_b
     await ledger.record(run, "boss", ref)
     await ledger.end(run, "completed")
     await shard.sim.drop()
-    await _shard_gone_from_gateway(nc, shard)
+    await shard_gone_from_gateway(nc, shard)
 
     # Three times the attempts bound: no responders each time, and nothing spent.
     for sweep_number in range(1, 7):
@@ -57,7 +57,7 @@ async def test_a_shard_away_spends_no_attempt_however_many_sweeps_and_is_given_b
         assert (waiting["shard"], waiting["rows"], waiting["away"]) == (shard.id, 1, sweep_number)
 
     await shard.sim.connect()
-    await wait_for(lambda: _answers(shard), "the shard is back", timeout=10)
+    await wait_for(lambda: shard_answers(shard), "the shard is back", timeout=10)
     await asyncio.sleep(DUE_S)
     swept = await ok(nc, subjects.CLEANUP_SWEEP, {}, timeout=30)
     assert (swept["claimed"], swept["reverted"], swept["away"]) == (1, 1, 0), swept
@@ -125,14 +125,6 @@ async def test_a_module_that_answers_not_now_costs_one_attempt_per_sweep_until_t
     answer["data"] = b'{"status": 200, "result": "removed"}'
     retried = await ok(nc, subjects.CLEANUP_RETRY, {"runId": run}, timeout=30)
     assert retried["run"]["reverted"] == 1 and retried["run"]["cleanupStatus"] == "complete"
-
-
-async def _answers(shard) -> bool:
-    try:
-        return (await shard.command("lease.list", {})).get("status") == 200
-    except Exception:  # no responders while the gateway re-attaches
-        await asyncio.sleep(0.05)
-        return False
 
 
 async def test_retry_of_a_cleanup_that_is_not_incomplete_is_refused(nc, shard, ledger, services, unique):

@@ -11,7 +11,7 @@ import json
 
 from shardbus.embedded import free_port
 from shared import subjects
-from tests.cleanup.conftest import ask, ok, start_cleanup, wait_for
+from tests.cleanup.conftest import ask, ok, shard_answers, shard_gone_from_gateway, start_cleanup, wait_for
 from tests.scrape import scrape, value
 
 BACKOFF = {"away_backoff_s": "0.2", "away_backoff_max_s": "0.4"}
@@ -65,14 +65,6 @@ async def test_a_run_waiting_less_than_the_alert_is_neither_counted_nor_logged(n
     assert _alerts(cleanup.log(), run) == []
 
 
-async def _answers(shard) -> bool:
-    try:
-        return (await shard.command("lease.list", {})).get("status") == 200
-    except Exception:  # no responders while the gateway re-attaches
-        await asyncio.sleep(0.05)
-        return False
-
-
 async def test_a_retry_of_a_run_waiting_for_its_shard_gives_it_back_at_once_once_the_shard_is_back(
         nc, shard, ledger, services, unique):
     # Ten minutes of back-off: without the retry nothing would be tried again during the test.
@@ -84,16 +76,12 @@ async def test_a_retry_of_a_run_waiting_for_its_shard_gives_it_back_at_once_once
     await ledger.end(run, "completed")
     await shard.sim.drop()
 
-    async def gone() -> bool:
-        health = await ask(nc, subjects.health("gateway"))
-        return shard.id not in health.get("shards", [shard.id])
-
-    await wait_for(gone, "the gateway noticed the shard left", timeout=10)
+    await shard_gone_from_gateway(nc, shard)
     swept = await ok(nc, subjects.CLEANUP_SWEEP, {}, timeout=30)
     assert (swept["claimed"], swept["away"]) == (1, 1), swept
 
     await shard.sim.connect()
-    await wait_for(lambda: _answers(shard), "the shard is back", timeout=10)
+    await wait_for(lambda: shard_answers(shard), "the shard is back", timeout=10)
     swept = await ok(nc, subjects.CLEANUP_SWEEP, {}, timeout=30)
     assert swept["claimed"] == 0, swept  # backing off: a sweep alone does not try it yet
 
