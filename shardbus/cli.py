@@ -113,6 +113,7 @@ def _database_outage(exc: BaseException) -> bool:
 def _cmd_run(args: argparse.Namespace) -> int:
     from shared import logs
     from shared.database import safe_url
+    from shared.metrics import MetricsPortUnavailable
     from shared.settings import CommonSettings
 
     settings = CommonSettings()
@@ -129,6 +130,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     except Exception as exc:  # sorted below; anything else is re-raised
+        if isinstance(exc, MetricsPortUnavailable):  # a setting, before any outage rule
+            log.error(str(exc), extra={"exit_code": 1})
+            return 1
         if deadline.armed and _nats_error(exc):  # NATS gone while stopping
             log.warning("stopped without a clean NATS drain", extra={"reason": repr(exc)})
         elif _nats_error(exc, away_only=True):  # e.g. JetStream away while the installer starts

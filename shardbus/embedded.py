@@ -12,6 +12,7 @@ import ctypes
 import fcntl
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -40,12 +41,35 @@ def _die_with_parent() -> None:
         pass
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = (int(p) for p in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+    return low, high
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as sock:
+    """A TCP port nothing listens on right now, chosen below the kernel's ephemeral range.
+
+    A port the kernel hands out for ``bind(0)`` comes from the same range as the local port of
+    every outgoing connection, so between choosing it and a server listening on it, any client
+    on the machine may take it (a busy test run did: a ledger's metrics port was taken). Below
+    that range only a listener can take a port, and listeners choose here at random."""
+    low, _ = _ephemeral_range()
+    if low > 11000:
+        for _ in range(64):
+            port = random.randrange(10000, low)
+            with socket.socket() as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+            return port
+    with socket.socket() as sock:  # a machine with no room below its ephemeral range
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        chosen: int = sock.getsockname()[1]
+        return chosen
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:

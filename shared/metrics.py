@@ -135,6 +135,10 @@ def broker_connected(broker: NatsBroker) -> Callable[[], bool]:
     return connected
 
 
+class MetricsPortUnavailable(RuntimeError):
+    """The metrics endpoint cannot listen on its port: a setting to change, said as such."""
+
+
 @dataclass
 class MetricsServer:
     """The ``/metrics`` endpoint of one app: :attr:`registry` is where its collectors go."""
@@ -148,7 +152,12 @@ class MetricsServer:
     def start(self) -> None:
         if self.port == 0 or self._server is not None:
             return
-        self._server, self._thread = start_http_server(self.port, addr=self.host, registry=self.registry)
+        try:
+            self._server, self._thread = start_http_server(self.port, addr=self.host, registry=self.registry)
+        except OSError as exc:  # not an outage to wait out (a bare OSError reads as one)
+            raise MetricsPortUnavailable(
+                f"cannot serve metrics on {self.host}:{self.port} ({exc.strerror or exc}): "
+                "free that port or set SHARDBUS_METRICS_PORT to another (0: no metrics)") from None
         log.info("serving metrics", extra={"url": self.url})
 
     def stop(self) -> None:
