@@ -15,6 +15,7 @@ import pytest
 from shardbus import embedded
 from simulator.shard import ShardSimulator
 from tests.faults.harness import TOKEN, Tally, finish_and_count, keep_commanding, send_frames, wait_commands_answered
+from tests.faults.shard_traffic import ShardTraffic
 from tests.processes import ServiceProcesses
 
 pytestmark = pytest.mark.faults
@@ -44,7 +45,7 @@ async def _follow(sim: ShardSimulator, ports: list[int], stop: asyncio.Event) ->
             await asyncio.sleep(0.1)
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(180)
 async def test_sigkill_of_a_gateway_replica_loses_no_frame(nats_url, tmp_path, unique):
     ports = [embedded.free_port(), embedded.free_port()]
     procs = ServiceProcesses(tmp_path, nats_url)
@@ -53,8 +54,9 @@ async def test_sigkill_of_a_gateway_replica_loses_no_frame(nats_url, tmp_path, u
     # unacknowledged ones to the replica it dials next (SPEC's optional acknowledgement).
     sim = ShardSimulator("127.0.0.1", ports[0], f"gk{unique}", TOKEN, sequenced=True)
     tally, stop = Tally(), asyncio.Event()
-    follower = None
+    follower, traffic = None, None
     try:
+        traffic = await ShardTraffic.start(procs)
         first, _second = [procs.start("gateway", shard_token=TOKEN, shard_port=str(port),
                                       publish_ack_timeout_s="1", silence_timeout_s="60") for port in ports]
         await sim.connect()
@@ -71,7 +73,9 @@ async def test_sigkill_of_a_gateway_replica_loses_no_frame(nats_url, tmp_path, u
 
         await finish_and_count(nc, sim, tally, sender, commander, stop, FRAMES, ack_timeout=30)
         gap = tally.longest_gap_after(killed_at)
-        print("\n" + tally.line("gateway replica 1 of 2 SIGKILLed") + f"; longest command pause {gap:.2f} s")
+        await traffic.finish(nc)
+        print("\n" + tally.line("gateway replica 1 of 2 SIGKILLed") + f"; longest command pause {gap:.2f} s; "
+              + traffic.line())
     finally:
         stop.set()
         sim.disconnected.set()  # let the follower see stop
@@ -79,6 +83,8 @@ async def test_sigkill_of_a_gateway_replica_loses_no_frame(nats_url, tmp_path, u
             await asyncio.wait_for(asyncio.gather(follower, return_exceptions=True), 5)
         await sim.close()
         await nc.close()
+        if traffic:
+            traffic.stop()
         procs.stop_all()
 
     assert sim.port == ports[1], "the shard should be on the surviving replica"
@@ -86,3 +92,4 @@ async def test_sigkill_of_a_gateway_replica_loses_no_frame(nats_url, tmp_path, u
     assert tally.lost == 0 and tally.duplicated == 0, tally.line("gateway replica killed")
     assert tally.stored == FRAMES
     assert gap < RESUME_WITHIN_S, f"commands paused {gap:.2f} s after the replica was killed"
+    traffic.check()

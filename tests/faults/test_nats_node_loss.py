@@ -18,6 +18,7 @@ import pytest
 from shardbus import embedded
 from tests.cleanup.conftest import connect_shard
 from tests.faults.harness import Tally, finish_and_count, keep_commanding, send_frames
+from tests.faults.shard_traffic import ShardTraffic
 from tests.faults.workload import RunLoad
 from tests.processes import ServiceProcesses
 
@@ -61,15 +62,16 @@ def _node_holding(cluster, service: str) -> str:
     raise AssertionError(f"the {service} is connected to no node")
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize("victim_role", ["frames stream leader", "gateway's node", "ledger's node"])
 async def test_killing_one_nats_node_of_three_loses_no_acknowledged_frame_nor_gives_back_twice(
         cluster, tmp_path, database_url, unique, victim_role):
     procs = ServiceProcesses(tmp_path, cluster.url)
     nc = await nats.connect(cluster.url.split(","), connect_timeout=5, max_reconnect_attempts=-1,
                             reconnect_time_wait=0.2)
-    tally, stop, shard, load = Tally(), asyncio.Event(), None, None
+    tally, stop, shard, load, traffic = Tally(), asyncio.Event(), None, None, None
     try:
+        traffic = await ShardTraffic.start(procs, jetstream_replicas="3")
         shard = await connect_shard(nc, procs, f"nk{unique}", sequenced=True, jetstream_replicas="3",
                                     publish_ack_timeout_s="1", silence_timeout_s="60")
         sim = shard.sim
@@ -96,10 +98,14 @@ async def test_killing_one_nats_node_of_three_loses_no_acknowledged_frame_nor_gi
         await finish_and_count(nc, sim, tally, sender, commander, stop, FRAMES, ack_timeout=30)
         gap = tally.longest_gap_after(killed_at)
         await load.finish()
+        await traffic.finish(nc)
         print(f"\n{tally.line(f'NATS node {leader} of 3 killed ({victim_role})')}; "
-              f"longest command pause {gap:.2f} s; {load.line()}; services on the killed node {on_victim}")
+              f"longest command pause {gap:.2f} s; {load.line()}; services on the killed node {on_victim}; "
+              f"{traffic.line()}")
     finally:
         stop.set()
+        if traffic:
+            traffic.stop()
         await RunLoad.tear_down(load, shard, nc, procs)
 
     info_stream = f"({victim_role} {leader} killed)"
@@ -108,3 +114,4 @@ async def test_killing_one_nats_node_of_three_loses_no_acknowledged_frame_nor_gi
     assert tally.stored == FRAMES
     assert gap < RESUME_WITHIN_S, f"commands paused {gap:.2f} s after the node was killed"
     load.check()
+    traffic.check()

@@ -16,6 +16,7 @@ import pytest
 from shardbus import embedded
 from tests.cleanup.conftest import connect_shard
 from tests.faults.harness import Tally, finish_and_count, keep_commanding, send_frames
+from tests.faults.shard_traffic import ShardTraffic
 from tests.faults.workload import RunLoad
 from tests.processes import ServiceProcesses
 
@@ -37,7 +38,7 @@ RUNS, EVERY_S = 30, 0.5
 """Runs the workload creates, records and ends, one every 0.5 s (15 s, so across the outage)."""
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(180)
 async def test_a_10_s_nats_outage_loses_no_frame_and_gives_every_resource_back_once(tmp_path, database_url,
                                                                                      unique):
     port = embedded.free_port()
@@ -45,8 +46,9 @@ async def test_a_10_s_nats_outage_loses_no_frame_and_gives_every_resource_back_o
     procs = ServiceProcesses(tmp_path, servers[0].url)
     nc = await nats.connect(servers[0].url, connect_timeout=5, max_reconnect_attempts=-1,
                             reconnect_time_wait=0.2)
-    tally, stop, shard, load = Tally(), asyncio.Event(), None, None
+    tally, stop, shard, load, traffic = Tally(), asyncio.Event(), None, None, None
     try:
+        traffic = await ShardTraffic.start(procs)
         shard = await connect_shard(nc, procs, f"nr{unique}", sequenced=True, publish_ack_timeout_s="1",
                                     silence_timeout_s="60")
         sim = shard.sim
@@ -66,11 +68,14 @@ async def test_a_10_s_nats_outage_loses_no_frame_and_gives_every_resource_back_o
         await finish_and_count(nc, sim, tally, sender, commander, stop, FRAMES, ack_timeout=60)
         resumed = tally.resumed_after(restarted_at)
         await load.finish()
+        await traffic.finish(nc)
         print(f"\n{tally.line(f'nats-server stopped {OUTAGE_S:.0f} s')}; about {sent_during_outage} frames "
               f"sent during the outage; commands answered again {resumed:.2f} s after the restart; "
-              f"{load.line()}")
+              f"{load.line()}; {traffic.line()}")
     finally:
         stop.set()
+        if traffic:
+            traffic.stop()
         await RunLoad.tear_down(load, shard, nc, procs)
         for server in servers:
             server.stop()
@@ -82,3 +87,4 @@ async def test_a_10_s_nats_outage_loses_no_frame_and_gives_every_resource_back_o
     assert resumed < RESUME_WITHIN_S, f"commands answered again only {resumed:.2f} s after the restart"
     load.check()
     assert load.answered.retried_ok >= 1, "no workload request was in flight during the outage"
+    traffic.check()

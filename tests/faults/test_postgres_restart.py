@@ -25,6 +25,7 @@ import pytest
 from services.ledger import migrate
 from shardbus import embedded
 from shared import subjects
+from tests.faults.shard_traffic import ShardTraffic
 from tests.ledger.conftest import plain, wait_until_serving
 from tests.processes import ServiceProcesses
 
@@ -179,7 +180,7 @@ async def ledger_pids(nc: nats.NATS) -> set[int]:
     return pids
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(180)
 async def test_a_5_s_postgres_outage_is_answered_503_and_half_applies_nothing(nats_url, tmp_path):
     # Not under tmp_path: each new pytest session on this machine chmods pytest's temporary root
     # to 0700, which would lock PostgreSQL (run as its own user under root) out of its data.
@@ -190,8 +191,9 @@ async def test_a_5_s_postgres_outage_is_answered_503_and_half_applies_nothing(na
     nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
     prepared: list[Sent] = []
     sent: list[Sent] = []
-    stop, senders = asyncio.Event(), []
+    stop, senders, traffic = asyncio.Event(), [], None
     try:
+        traffic = await ShardTraffic.start(procs)
         servers[0].create_database("ledger")
         url = servers[0].url("ledger").replace("postgres@", f"postgres:{SECRET}@")
         db = await asyncpg.connect(plain(url), timeout=10)
@@ -234,10 +236,13 @@ async def test_a_5_s_postgres_outage_is_answered_503_and_half_applies_nothing(na
         exp_runs, exp_resources, exp_log = expected(prepared + [s for s in sent if s.status == 200] + landed)
         runs, resources, log = await read_db(db)
         await db.close()
+        await traffic.finish(nc)
     finally:
         stop.set()
         await asyncio.gather(*senders, return_exceptions=True)
         await nc.close()
+        if traffic:
+            traffic.stop()
         procs.stop_all()
         for server in servers:
             server.stop()
@@ -254,7 +259,7 @@ async def test_a_5_s_postgres_outage_is_answered_503_and_half_applies_nothing(na
           f"{max((s.took for s in failed), default=0):.3f} s), other {len(other)}; every request type succeeded "
           f"again {resumed:.2f} s after the restart; 503'd but applied {applied}, retried {len(retries)}, "
           f"landed {len(landed)}; rows in DB {len(runs)} runs + {len(resources)} resources vs expected "
-          f"{len(exp_runs)} + {len(exp_resources)}; lost {lost}, duplicated {duplicated}")
+          f"{len(exp_runs)} + {len(exp_resources)}; lost {lost}, duplicated {duplicated}; {traffic.line()}")
 
     assert not other, f"answers other than 200 and 503: {other[:5]}"
     assert {s.name for s in failed} == set(STEPS), "every request type should meet the outage"
@@ -269,3 +274,4 @@ async def test_a_5_s_postgres_outage_is_answered_503_and_half_applies_nothing(na
     assert (runs, resources) == (exp_runs, exp_resources), "a row's status differs from what the answers said"
     assert all(run in runs for run, _ in resources.values()), "a resource without its run"
     assert all(run in runs for _, run, _ in log), "a log entry without its run"
+    traffic.check()

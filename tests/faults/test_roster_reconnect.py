@@ -18,6 +18,7 @@ from shardbus import embedded
 from shared import subjects
 from simulator.shard import ShardSimulator
 from tests.faults.harness import TOKEN, wait_commands_answered
+from tests.faults.shard_traffic import ShardTraffic
 from tests.processes import ServiceProcesses
 
 pytestmark = pytest.mark.faults
@@ -90,7 +91,7 @@ async def wait_for(nc: nats.NATS, shard: str, check) -> dict:
     return guild
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 @pytest.mark.parametrize("drop_after", [2, 0], ids=["drop-mid-roster", "drop-after-chunk-0"])
 async def test_a_roster_torn_by_a_reconnect_never_reaches_the_board(nats_url, tmp_path, unique, drop_after):
     shard_port = embedded.free_port()
@@ -98,9 +99,10 @@ async def test_a_roster_torn_by_a_reconnect_never_reaches_the_board(nats_url, tm
     nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
     sim = ShardSimulator("127.0.0.1", shard_port, f"rr{unique}", TOKEN)
     seen: list[list[int | None]] = [[] for _ in range(READERS)]
-    stop, readers = asyncio.Event(), []
+    stop, readers, traffic = asyncio.Event(), [], None
     started = time.monotonic()
     try:
+        traffic = await ShardTraffic.start(procs)
         procs.start("gateway", shard_token=TOKEN, shard_port=str(shard_port), silence_timeout_s="60")
         await sim.connect()
         await wait_commands_answered(nc, sim.shard)
@@ -125,11 +127,14 @@ async def test_a_roster_torn_by_a_reconnect_never_reaches_the_board(nats_url, tm
         stop.set()
         await asyncio.wait_for(asyncio.gather(*readers), 10)
         final = round_of(await read_guild(nc, sim.shard))
+        await traffic.finish(nc)
     finally:
         stop.set()
         await asyncio.gather(*readers, return_exceptions=True)
         await sim.close()
         await nc.close()
+        if traffic:
+            traffic.stop()
         procs.stop_all()
 
     reads = [r for mine in seen for r in mine]
@@ -139,7 +144,8 @@ async def test_a_roster_torn_by_a_reconnect_never_reaches_the_board(nats_url, tm
     print(f"\nroster reconnect, drop after chunk {drop_after}: rounds {ROUNDS}, board reads {len(reads)}, "
           f"torn reads {torn}, stale reads (older than the one before) {stale}, unanswered {unanswered}, "
           f"rounds seen {len(set(reads) - {None, -1, UNANSWERED})}, final roster correct {final == ROUNDS - 1}, "
-          f"{time.monotonic() - started:.1f} s")
+          f"{time.monotonic() - started:.1f} s; {traffic.line()}")
     assert torn == 0 and stale == 0 and unanswered == 0
     assert final == ROUNDS - 1
     assert len(reads) > ROUNDS, "the readers should have read the board throughout"
+    traffic.check()

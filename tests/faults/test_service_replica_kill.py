@@ -27,6 +27,7 @@ from services.installer import modules_dir
 from shared import subjects
 from tests.cleanup.conftest import Ledger, ask, connect_shard, start_cleanup, wait_for
 from tests.cleanup.test_replicas import _all_clean
+from tests.faults.shard_traffic import ShardTraffic
 from tests.faults.workload import Retrying, Workload, keep_listing, lock_holder, scratch
 from tests.installer.conftest import ca_file, releases, service_settings, settings  # noqa: F401 (fixtures)
 from tests.processes import ServiceProcesses
@@ -68,13 +69,14 @@ async def _kill_a_cleanup_mid_revert(procs: ServiceProcesses, victim, work: Work
     return len(stranded), time.monotonic() - killed_at, sim.replayed["world.despawn"] - replays
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(180)
 async def test_sigkill_of_a_ledger_then_a_cleanup_replica_gives_everything_back_once(
         nats_url, database_url, tmp_path, unique):
     procs = ServiceProcesses(tmp_path, nats_url)
     nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
-    answered, shard, producing = Retrying(nc), None, None
+    answered, shard, producing, traffic = Retrying(nc), None, None, None
     try:
+        traffic = await ShardTraffic.start(procs)
         ledgers = [procs.start("ledger", database_url=database_url) for _ in range(2)]
         shard = await connect_shard(nc, procs, f"rk{unique}")
         cleanups = [await start_cleanup(procs, **CLEANUP) for _ in range(3)]
@@ -99,6 +101,7 @@ async def test_sigkill_of_a_ledger_then_a_cleanup_replica_gives_everything_back_
         await wait_for(lambda: _all_clean(answered, work.ended), "every run's cleanup complete", timeout=30,
                        every=0.5)
         consoles = await work.consoles()
+        await traffic.finish(nc)
     finally:
         if producing:
             producing.cancel()
@@ -106,6 +109,8 @@ async def test_sigkill_of_a_ledger_then_a_cleanup_replica_gives_everything_back_
         if shard:
             await shard.sim.close()
         await nc.close()
+        if traffic:
+            traffic.stop()
         procs.stop_all()
 
     resources = RUNS * (CREATURES + LEASES)
@@ -115,7 +120,7 @@ async def test_sigkill_of_a_ledger_then_a_cleanup_replica_gives_everything_back_
           f"executed {executed}, duplicated {max(0, executed - resources)}, stuck {stuck}; ledger requests "
           f"{answered.requests}, failed during kills {answered.failed} ({answered.retried_ok} retried OK); "
           f"all answered {ledger_back:.2f} s after the ledger kill; cleanup kill stranded {stranded} "
-          f"rows, taken over in {takeover:.2f} s ({replays} replays)")
+          f"rows, taken over in {takeover:.2f} s ({replays} replays); {traffic.line()}")
     assert len(work.ended) == RUNS
     assert shard.sim.executed["world.despawn"] == RUNS * CREATURES
     assert shard.sim.executed["lease.release"] == RUNS * LEASES
@@ -124,6 +129,7 @@ async def test_sigkill_of_a_ledger_then_a_cleanup_replica_gives_everything_back_
     assert stranded > 0, "the cleanup replica was killed holding no row"
     assert answered.failed >= 1, "the ledger replica was killed with no request in flight"
     assert ledger_back < 5.0
+    traffic.check()
 
 
 LOCK_LEASE_S = 3
@@ -133,7 +139,7 @@ SLOW_ARTIFACT_S = 4.0
 """The upgrade's artifact is this slow to come, so the kill lands mid-install."""
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 async def test_sigkill_of_an_installer_replica_mid_install_leaves_one_module_and_no_scratch(
         nats_url, releases, settings, tmp_path, unique):  # noqa: F811  fixtures, imported above
     bucket, volume = f"FAULTS_{unique}", Path(settings.modules_dir)
@@ -141,8 +147,9 @@ async def test_sigkill_of_an_installer_replica_mid_install_leaves_one_module_and
               "installer_lock_lease_s": str(LOCK_LEASE_S)}
     procs = ServiceProcesses(tmp_path, nats_url)
     nc = await nats.connect(nats_url, connect_timeout=5)
-    stop, seen, lister, doomed = asyncio.Event(), {"answered": 0, "failed": 0}, None, None
+    stop, seen, lister, doomed, traffic = asyncio.Event(), {"answered": 0, "failed": 0}, None, None, None
     try:
+        traffic = await ShardTraffic.start(procs)
         replicas = {handle.proc.pid: handle for handle in [procs.start("installer", **config) for _ in range(2)]}
         urls = {version: releases.release(f"/{unique}", "uo-alpha", version) for version in ("1.0.0", "1.1.0")}
         beta = releases.release(f"/{unique}", "uo-beta", "1.0.0")
@@ -164,12 +171,15 @@ async def test_sigkill_of_an_installer_replica_mid_install_leaves_one_module_and
         await asyncio.wait_for(lister, 5)
         with pytest.raises(nats.errors.TimeoutError):
             await doomed  # it was the dead replica's
+        await traffic.finish(nc)
     finally:
         stop.set()
         tasks = [task for task in (lister, doomed) if task]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if traffic:
+            traffic.stop()
         procs.stop_all()
         with contextlib.suppress(nats.js.errors.NotFoundError):
             await nc.jetstream().delete_key_value(bucket)
@@ -177,10 +187,11 @@ async def test_sigkill_of_an_installer_replica_mid_install_leaves_one_module_and
 
     print(f"\ninstaller replica SIGKILLed mid-upgrade: retried upgrade {retried['status']} {retried.get('action')} "
           f"{takeover:.2f} s after the kill; lists answered {seen['answered']}, failed {seen['failed']}; "
-          f"volume {sorted(p.name for p in volume.iterdir())}")
+          f"volume {sorted(p.name for p in volume.iterdir())}; {traffic.line()}")
     assert retried["status"] == 200 and retried["action"] == "upgraded", retried
     assert not retried["replica"].endswith(f":{holder}")
     assert refused["status"] == 409 and "uo-alpha 1.1.0 is installed" in refused["error"], refused
     assert [(m.id, m.version) for m in modules_dir.installed(volume)] == [("uo-alpha", "1.1.0")]
     assert sorted(p.name for p in volume.iterdir()) == ["uo-alpha"], "scratch or set-aside left behind"
     assert seen["answered"] > 10 and seen["failed"] <= 1
+    traffic.check()
