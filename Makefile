@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 LOCAL_NATS_URL ?= nats://127.0.0.1:4222
 LOCAL_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
-.PHONY: up test test-unit test-integration test-system test-local-servers test-faults test-model bench soak docs clean browser promtool lint
+.PHONY: up test test-unit test-integration test-system test-local-servers test-faults test-model bench fault-runs soak docs clean browser promtool lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -106,8 +106,16 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# Every bench but the many-shards helper (bench/gateway.py starts it) and the fault record.
+BENCH_NOT_RUN := bench/shard_load.py bench/fault_runs.py
 bench: $(STAMP)
-	@set -e; for script in bench/*.py; do echo "== $$script"; $(PY) $$script; done
+	@set -e; for script in $(filter-out $(BENCH_NOT_RUN),$(sort $(wildcard bench/*.py))); do \
+		echo "== $$script"; $(PY) $$script; done
+
+# The fault suite RUNS times in a row, every output under bench/results/faults/ (issue 29).
+RUNS ?= 5
+fault-runs: $(STAMP)
+	$(PY) bench/fault_runs.py --runs $(RUNS)
 
 # The soak: the whole embedded stack under steady load for MINUTES (figures in
 # docs/performance.md, "Soak"); `make bench` runs it for its default 1 minute.

@@ -41,6 +41,11 @@ def _die_with_parent() -> None:
         pass
 
 
+_PORT_DRAWS = random.SystemRandom()
+"""Not the ``random`` module's generator: Hypothesis seeds that one the same in every test
+process, and two workers drawing the same ports would race for them."""
+
+
 def _ephemeral_range() -> tuple[int, int]:
     try:
         low, high = (int(p) for p in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
@@ -59,7 +64,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     low, _ = _ephemeral_range()
     if low > 11000:
         for _ in range(64):
-            port = random.randrange(10000, low)
+            port = _PORT_DRAWS.randrange(10000, low)
             with socket.socket() as sock:
                 try:
                     sock.bind((host, port))

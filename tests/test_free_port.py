@@ -26,5 +26,5 @@ def test_a_listening_port_is_never_chosen(monkeypatch):
         holder.bind(("127.0.0.1", 23456))
         holder.listen()
         draws = iter([23456, 23457])
-        monkeypatch.setattr(embedded.random, "randrange", lambda a, b: next(draws))
+        monkeypatch.setattr(embedded._PORT_DRAWS, "randrange", lambda a, b: next(draws))
         assert embedded.free_port() == 23457

@@ -8,6 +8,7 @@ import asyncio
 import itertools
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import nats
@@ -66,6 +67,25 @@ async def send_frames(sim: ShardSimulator, tally: Tally, count: int, per_s: floa
         pause = started + (i + 1) / per_s - time.monotonic()
         if pause > 0:
             await asyncio.sleep(pause)
+
+
+async def follow(sim: ShardSimulator, ports: list[int], stop: asyncio.Event,
+                 dials: Counter[str] | None = None) -> None:
+    """The shard's reconnect loop until ``stop``: on a lost connection, dial the next port in
+    ``ports`` (again, 0.1 s later, if nothing answers); each dial that connects is counted."""
+    turn = ports.index(sim.port) if sim.port in ports else 0
+    while not stop.is_set():
+        await sim.disconnected.wait()
+        if stop.is_set():
+            return
+        turn += 1
+        sim.port = ports[turn % len(ports)]
+        try:
+            await sim.connect()
+            if dials is not None:
+                dials["again"] += 1
+        except (OSError, TimeoutError):
+            await asyncio.sleep(0.1)
 
 
 async def keep_commanding(nc: nats.NATS, shard: str, tally: Tally, stop: asyncio.Event,

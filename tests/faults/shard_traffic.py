@@ -28,7 +28,7 @@ import nats
 
 from shardbus import embedded
 from simulator.shard import ShardSimulator
-from tests.faults.harness import TOKEN
+from tests.faults.harness import TOKEN, follow
 from tests.processes import ServiceProcess, ServiceProcesses
 
 SHARDS, RATE = 200, 20.0
@@ -63,22 +63,6 @@ async def _send(sim: ShardSimulator, kind: str, rate: float, offset: float, stop
             await asyncio.sleep(pause)
 
 
-async def _follow(sim: ShardSimulator, ports: list[int], done: asyncio.Event, dials: Counter[str]) -> None:
-    """The shard's reconnect loop: on a lost connection, dial the next port (then again)."""
-    turn = ports.index(sim.port)
-    while not done.is_set():
-        await sim.disconnected.wait()
-        if done.is_set():
-            return
-        turn += 1
-        sim.port = ports[turn % len(ports)]
-        try:
-            await sim.connect()
-            dials["again"] += 1
-        except (OSError, TimeoutError):
-            await asyncio.sleep(0.2)
-
-
 async def _run(ports: list[int], shards: int, rate: float, prefix: str, kind: str, token: str) -> dict:
     sims = [ShardSimulator("127.0.0.1", ports[i % len(ports)], f"{prefix}{i}", token, sequenced=True)
             for i in range(shards)]
@@ -91,7 +75,7 @@ async def _run(ports: list[int], shards: int, rate: float, prefix: str, kind: st
     threading.Thread(target=lambda: (sys.stdin.read(), loop.call_soon_threadsafe(stop.set)), daemon=True).start()
     sent: Counter[str] = Counter()
     dials: Counter[str] = Counter()
-    followers = [asyncio.create_task(_follow(sim, ports, done, dials)) for sim in sims]
+    followers = [asyncio.create_task(follow(sim, ports, done, dials)) for sim in sims]
     began = time.monotonic()
     senders = [asyncio.create_task(_send(sim, kind, rate, i / shards / rate, stop, sent))
                for i, sim in enumerate(sims)]

@@ -14,7 +14,15 @@ import pytest
 
 from shardbus import embedded
 from simulator.shard import ShardSimulator
-from tests.faults.harness import TOKEN, Tally, finish_and_count, keep_commanding, send_frames, wait_commands_answered
+from tests.faults.harness import (
+    TOKEN,
+    Tally,
+    finish_and_count,
+    follow,
+    keep_commanding,
+    send_frames,
+    wait_commands_answered,
+)
 from tests.faults.shard_traffic import ShardTraffic
 from tests.processes import ServiceProcesses
 
@@ -28,21 +36,6 @@ RATE = 500.0
 
 RESUME_WITHIN_S = 5.0
 """Longest acceptable pause between answered commands once the replica is gone."""
-
-
-async def _follow(sim: ShardSimulator, ports: list[int], stop: asyncio.Event) -> None:
-    """The shard's reconnect loop: on a lost connection, dial the next gateway replica."""
-    turn = 0
-    while not stop.is_set():
-        await sim.disconnected.wait()
-        if stop.is_set():
-            return
-        turn += 1
-        sim.port = ports[turn % len(ports)]
-        try:
-            await sim.connect()
-        except (OSError, TimeoutError):
-            await asyncio.sleep(0.1)
 
 
 @pytest.mark.timeout(180)
@@ -61,7 +54,7 @@ async def test_sigkill_of_a_gateway_replica_loses_no_frame(nats_url, tmp_path, u
                                       publish_ack_timeout_s="1", silence_timeout_s="60") for port in ports]
         await sim.connect()
         await wait_commands_answered(nc, sim.shard)
-        follower = asyncio.create_task(_follow(sim, ports, stop))
+        follower = asyncio.create_task(follow(sim, ports, stop))
         commander = asyncio.create_task(keep_commanding(nc, sim.shard, tally, stop))
         sender = asyncio.create_task(send_frames(sim, tally, FRAMES, RATE))
 
