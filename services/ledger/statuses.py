@@ -31,7 +31,8 @@ from shared.contracts.ledger_statuses import (
 )
 
 __all__ = [
-    "AWAY", "CLAIM", "CLEANUP_STATUSES", "CONFIRM", "DRIFTED", "EXPIRE", "EXPIRED_ERROR", "FAIL", "FAILED", "FINISH",
+    "AWAY", "CLAIM", "CLEANUP_STATUSES", "CONFIRM", "DISPLACED", "DRIFTED", "EXPIRE", "EXPIRED_ERROR", "FAIL",
+    "FAILED", "FINISH",
     "IN_FLIGHT", "LEASE_HELD", "LIVE", "NEW_RUN", "NEW_RUN_CLEANUP", "ORPHAN", "OUTCOMES", "OUTCOMES_FROM",
     "PREVIOUS_UNKNOWN", "RECLAIM", "RECORD", "REOPEN", "REPLAYABLE", "RESERVE", "RESOURCE_STATUSES", "RETRY",
     "REVERTABLE", "REVERTED", "RUN_CREATED_LOG", "RUN_STATUSES", "RUN_STATUS_FROM", "RUN_STATUS_LOG", "RUN_TERMINAL",
@@ -144,6 +145,11 @@ LEASE_HELD: Final[tuple[ResourceStatus, ...]] = (vocab.CONFIRMED,)
 
 PREVIOUS_UNKNOWN: Final[ResourceStatus] = vocab.CONFIRMED
 """Where a failed give-back returns a row that remembers no status from before its claim."""
+
+DISPLACED: Final[ResourceStatus] = vocab.ORPHANED
+"""Where a failed give-back returns a row whose status before its claim held a target (:data:`LIVE`)
+when a newer row holds that target now (taken while this one was ``reverting``, which holds
+none): still unresolved and given back, but not a second live row for one target."""
 
 EXPIRED_ERROR = "the game ended it at its deadline"
 """The ``lastError`` an expiry writes (S000:176)."""

@@ -158,6 +158,7 @@ def outcome_params(given: list[tuple[int, Outcome, str | None]], away_backoff_s:
             "clears_away": [outcome.clears_away for _, outcome, _ in given],
             "log_kinds": [outcome.step.log_kind for _, outcome, _ in given],
             "allowed": list(statuses.OUTCOMES_FROM), "fallback": statuses.PREVIOUS_UNKNOWN,
+            "live": list(statuses.LIVE), "displaced": statuses.DISPLACED,
             "backoff": float(away_backoff_s), "backoff_max": float(away_backoff_max_s),
             "exponent_max": AWAY_EXPONENT_MAX}
 

@@ -92,8 +92,8 @@ RESOURCE_ROWS = [
      {"cleanup.claimed"}),
     ("sweep reverted / drifted", [sm.REVERTED, sm.DRIFTED], {"reverting"}, {"reverted", "drifted"},
      {"cleanup.reverted", "cleanup.drifted"}),
-    ("sweep failed", [sm.FAILED], {"reverting"}, {BEFORE_THE_CLAIM}, {"cleanup.failed"}),
-    ("sweep away", [sm.AWAY], {"reverting"}, {BEFORE_THE_CLAIM}, {"cleanup.away"}),
+    ("sweep failed", [sm.FAILED], {"reverting"}, {BEFORE_THE_CLAIM, "orphaned"}, {"cleanup.failed"}),
+    ("sweep away", [sm.AWAY], {"reverting"}, {BEFORE_THE_CLAIM, "orphaned"}, {"cleanup.away"}),
 ]
 
 
@@ -115,7 +115,8 @@ def _statuses_in(cell: str) -> set[str]:
                          ids=[r[0] for r in RESOURCE_ROWS])
 def test_each_resource_transition_is_the_documented_row(row, steps, allowed, to, log_kinds):
     assert {status for step in steps for status in step.allowed} == allowed
-    assert {step.to or BEFORE_THE_CLAIM for step in steps} == to
+    # Back where the claim found it, or DISPLACED when a newer row took that live status's target.
+    assert {status for step in steps for status in ((step.to,) if step.to else (BEFORE_THE_CLAIM, sm.DISPLACED))} == to
     assert {step.log_kind for step in steps} == log_kinds
     from_cell, to_cell, kind_cell = _doc_rows()[row]
     assert _statuses_in(from_cell) == allowed
@@ -136,6 +137,7 @@ def test_status_groups():
     assert set(sm.WAITING) == set(sm.REVERTABLE) | set(sm.IN_FLIGHT)
     assert sm.LEASE_HELD == ("confirmed",)
     assert sm.PREVIOUS_UNKNOWN == "confirmed"
+    assert sm.DISPLACED == "orphaned" and sm.DISPLACED not in sm.LIVE
 
 
 # What each give-back verdict does (docs/ledger.md's rows "sweep …" and docs/contracts.md's

@@ -195,7 +195,10 @@ def _reverted(m: Model, req: dict[str, Any], reply: dict[str, Any]) -> None:
 
 
 def _give_back_failed(m: Model, row: Row, error: str, transient: bool) -> None:
-    row.status = row.before_claim or v.CONFIRMED
+    back = row.before_claim or v.CONFIRMED
+    # docs/ledger.md, "sweep failed": back to a live status only while no newer row holds the
+    # target (one was free to take it while this row was reverting); else orphaned.
+    row.status = v.ORPHANED if back in LIVE and m.holder(row.ref) is not None else back
     row.attempts += 1
     row.gave_up = row.gave_up or not transient
     row.last_error = error

@@ -66,7 +66,8 @@ CLAIM = Statement("CLAIM", """
 OUTCOMES = Statement("OUTCOMES", """
     Record give-back outcomes, one row of the unnest arrays per resource, each row carrying its
     rule from statuses.OUTCOMES (or a one-row subject's): its target (NULL: back to the status
-    before the claim, else :fallback), whether it spends an attempt, gives up, counts a
+    before the claim, else :fallback; :displaced instead of a :live status that another live row
+    of the target holds now), whether it spends an attempt, gives up, counts a
     give-back that met nobody (away + 1, retry_at = now + min(:backoff_max, :backoff ×
     2^min(away, :exponent_max)), away_since = now on the first miss in a row) or clears that
     count (and away_since), and its log kind. Only rows in :allowed
@@ -80,7 +81,12 @@ OUTCOMES = Statement("OUTCOMES", """
             AS g(id, error, to_status, spends, gives_up, counts_away, clears_away, log_kind)
     ), changed AS (
         UPDATE resources s SET
-               status = COALESCE(g.to_status, s.previous_status, :fallback),
+               status = CASE
+                   WHEN g.to_status IS NOT NULL THEN g.to_status
+                   WHEN COALESCE(s.previous_status, :fallback) = ANY(:live) AND EXISTS (
+                       SELECT 1 FROM resources h WHERE h.module = s.module AND h.kind = s.kind
+                          AND h.ref = s.ref AND h.id <> s.id AND h.status = ANY(:live)) THEN :displaced
+                   ELSE COALESCE(s.previous_status, :fallback) END,
                previous_status = CASE WHEN g.to_status IS NULL THEN NULL ELSE s.previous_status END,
                attempts = s.attempts + g.spends,
                gave_up = s.gave_up OR g.gives_up,
