@@ -17,11 +17,10 @@ from typing import Any
 from services.ledger import statuses
 from services.ledger.coalescer import UNCHANGED
 from services.ledger.queries.resources import ADD_RESOURCES, TRANSITIONS
-from services.ledger.queries.sweep import OUTCOMES
 from services.ledger.resources import cut
 from services.ledger.statuses import Outcome, Transition
 from services.ledger.store import Change, Database, Json, resource_changes, rows
-from services.ledger.sweep import outcome_params
+from services.ledger.sweep import outcome_params, outcome_rows
 from shared.contracts import ledger as c
 
 Answer = tuple[Json, list[Change]]
@@ -86,7 +85,7 @@ async def outcomes(db: Database, given: Sequence[tuple[int, Outcome, str | None]
     """Record each one-row give-back outcome ``(resource id, outcome, error)`` in one statement
     (``sweep.reverted``, ``drifted``, ``failed`` for many; ids distinct)."""
     async with db.connect() as conn:
-        result = await rows(conn, OUTCOMES, outcome_params(
+        result = await outcome_rows(conn, outcome_params(
             [(row_id, outcome, cut(error)) for row_id, outcome, error in given]))
     changes = resource_changes([row for row in result if row["run"] is not None])
     return _answers(given, _by(changes, "resourceId"), [row_id for row_id, _, _ in given])

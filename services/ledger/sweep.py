@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import asyncpg
+
 from services.ledger import statuses
 from services.ledger.console import PAGE_BYTES
 from services.ledger.queries.sweep import (
@@ -40,6 +42,7 @@ from services.ledger.store import (
     Database,
     Json,
     NotFound,
+    Row,
     as_object,
     first,
     one,
@@ -138,7 +141,7 @@ async def one_outcome(db: Database, resource_id: int, outcome: Outcome,
     the row and its change; else the same request again (a replay: the row, nothing changed),
     404 or 409 (statuses.is_replay)."""
     async with db.connect() as conn:
-        result = await rows(conn, OUTCOMES, outcome_params([(resource_id, outcome, cut(error))]))
+        result = await outcome_rows(conn, outcome_params([(resource_id, outcome, cut(error))]))
         changes = resource_changes([row for row in result if row["run"] is not None])
         if not changes:
             return await replay_or_conflict(conn, resource_id, outcome.step, cut(error)), []
@@ -163,6 +166,26 @@ def outcome_params(given: list[tuple[int, Outcome, str | None]], away_backoff_s:
             "exponent_max": AWAY_EXPONENT_MAX}
 
 
+OUTCOME_ARRAYS = ("ids", "errors", "tos", "spends", "gives_up", "counts_away", "clears_away", "log_kinds")
+"""The parameters of OUTCOMES that hold one element per row."""
+
+
+async def outcome_rows(conn: asyncpg.Connection, params: dict[str, Any]) -> list[Row]:
+    """OUTCOMES with ``params``; once more row by row, in id order, when it would put two rows of
+    one target back live (``uq_resources_live_target``). One statement sees the target as it was
+    before it, so two of its own rows, or a row another statement put back live while this one ran,
+    both look free; alone, each later row sees the earlier one back and goes to DISPLACED."""
+    try:
+        return await rows(conn, OUTCOMES, params)
+    except asyncpg.UniqueViolationError as exc:
+        if exc.constraint_name != "uq_resources_live_target":
+            raise
+    found: list[Row] = []
+    for i in sorted(range(len(params["ids"])), key=lambda i: params["ids"][i]):
+        found += await rows(conn, OUTCOMES, {**params, **{key: [params[key][i]] for key in OUTCOME_ARRAYS}})
+    return found
+
+
 async def outcomes(db: Database, given: list[tuple[int, Verdict, str | None]], away_backoff_s: float = c.AWAY_BACKOFF_S,
                    away_backoff_max_s: float = c.AWAY_BACKOFF_MAX_S) -> tuple[dict[str, Any], list[Change]]:
     """Record a batch of give-back outcomes ``(resource id, verdict, error)`` in one statement.
@@ -178,7 +201,7 @@ async def outcomes(db: Database, given: list[tuple[int, Verdict, str | None]], a
     their status, unknown ids as missing; the rest of the batch still lands."""
     ids = [row_id for row_id, _, _ in given]
     async with db.connect() as conn:
-        result = await rows(conn, OUTCOMES, outcome_params(
+        result = await outcome_rows(conn, outcome_params(
             [(row_id, statuses.OUTCOMES[verdict], cut(error)) for row_id, verdict, error in given],
             away_backoff_s, away_backoff_max_s))
     changes = resource_changes([row for row in result if row["run"] is not None])

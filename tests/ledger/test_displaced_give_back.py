@@ -60,3 +60,23 @@ async def test_with_its_target_free_a_failed_give_back_still_goes_back_to_confir
     reply = await _fail(ledger, old, "outcomes", "transient")
     assert reply["status"] == 200, reply
     assert await db.fetchval("SELECT status FROM resources WHERE id = $1", old) == "confirmed"
+
+
+async def test_two_rows_of_one_target_failing_in_one_batch_leave_one_live(ledger, db, unique):
+    """Both were live in turn (the second recorded while the first was reverting), both fail in
+    one ``ledger.sweep.outcomes``: the statement alone cannot see either go back, so the ledger
+    records them one by one, and the second finds the first holding the target."""
+    (first,) = await _finished_run(ledger, f"run{unique}", ["r0"])
+    await _claim(ledger, f"run{unique}")
+    second = await ledger.record(f"run{unique}", "r0", key=f"again{unique}")
+    assert second["status"] == 200 and second["resource"]["status"] == "confirmed", second
+    claimed = [r["resourceId"] for r in await _claim(ledger, f"run{unique}")]
+    assert claimed == [second["resource"]["resourceId"]]
+
+    reply = await ledger.ask(subjects.LEDGER_SWEEP_OUTCOMES, outcomes=[
+        {"resourceId": rid, "verdict": "transient", "error": "the shard said no"} for rid in (first, claimed[0])])
+
+    assert reply["status"] == 200 and sorted(reply["recorded"]) == sorted([first, claimed[0]]), reply
+    got = await db.fetch("SELECT id, status, attempts FROM resources WHERE id = ANY($1) ORDER BY id",
+                         [first, claimed[0]])
+    assert [(r["status"], r["attempts"]) for r in got] == [("confirmed", 1), ("orphaned", 1)]

@@ -220,7 +220,7 @@ def _failed(m: Model, req: dict[str, Any], reply: dict[str, Any]) -> None:
 def _outcomes(m: Model, req: dict[str, Any], reply: dict[str, Any]) -> None:
     _code(reply, 200, "outcomes")
     recorded, conflicts, missing = [], [], []
-    for outcome in req["outcomes"]:
+    for outcome in sorted(req["outcomes"], key=lambda o: o["resourceId"]):  # the ledger: id order
         row = m.rows.get(outcome["resourceId"])
         if row is None:
             missing.append(outcome["resourceId"])
