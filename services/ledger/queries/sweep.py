@@ -4,6 +4,7 @@ their shard, a person's retry."""
 
 from __future__ import annotations
 
+from services.ledger import statuses
 from services.ledger.queries.fragments import SETTLE_RUNS, resource_events_cte, resource_json, run_events, run_json
 from services.ledger.queries.statement import Statement, compose
 
@@ -85,7 +86,7 @@ OUTCOMES = Statement("OUTCOMES", """
                    WHEN g.to_status IS NOT NULL THEN g.to_status
                    WHEN COALESCE(s.previous_status, :fallback) = ANY(:live) AND EXISTS (
                        SELECT 1 FROM resources h WHERE h.module = s.module AND h.kind = s.kind
-                          AND h.ref = s.ref AND h.id <> s.id AND h.status = ANY(:live)) THEN :displaced
+                          AND h.ref = s.ref AND h.id <> s.id AND $held) THEN :displaced
                    ELSE COALESCE(s.previous_status, :fallback) END,
                previous_status = CASE WHEN g.to_status IS NULL THEN NULL ELSE s.previous_status END,
                attempts = s.attempts + g.spends,
@@ -113,7 +114,9 @@ OUTCOMES = Statement("OUTCOMES", """
     UNION ALL
     SELECT NULL, NULL, NULL, NULL, s.status, s.id FROM resources s
     WHERE s.id = ANY(CAST(:ids AS bigint[])) AND s.id NOT IN (SELECT id FROM changed)
-    ORDER BY id""", events=resource_events_cte("changed", "c.log_kind")))
+    ORDER BY id""", events=resource_events_cte("changed", "c.log_kind"),
+    # Generated, not a parameter: the holder is found through uq_resources_live_target's predicate.
+    held=statuses.sql_one_of("h.status", statuses.LIVE)))
 
 RUN_TO_FINISH = Statement("RUN_TO_FINISH", """
     The run's wire JSON, its row locked until the transaction ends: a finish reads the cleanup
