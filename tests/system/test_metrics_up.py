@@ -48,6 +48,12 @@ async def _drive(found: dict[str, str]) -> tuple[dict[str, Samples], dict[str, S
         assert reply["status"] == 200, reply
         runs = json.loads((await nc.request("ledger.runs", b'{"limit": 1}', timeout=10)).data)
         assert runs["status"] == 200
+        # A transition (a run created) and a whole sweep, each answered only once it is done.
+        run = {"runId": "metrics-run", "shard": "uo1", "event": "invasion"}
+        created = json.loads((await nc.request("ledger.run.create", json.dumps(run).encode(), timeout=10)).data)
+        assert created["status"] == 200, created
+        swept = json.loads((await nc.request("cleanup.sweep", b"{}", timeout=60)).data)
+        assert swept["status"] == 200, swept
         async with httpx.AsyncClient(timeout=10) as client:
             assert (await client.get(f"{found['WEB_URL']}/health")).status_code == 200
         frames = "shardbus_gateway_frames_in_total"
@@ -87,8 +93,9 @@ def test_up_serves_every_processs_metrics_and_they_move(state_dir):
     assert value(after["gateway"], "shardbus_gateway_shards_connected") == 1
     assert delta("ledger", "shardbus_ledger_requests_total", subject="ledger.runs", status="200") >= 1
     assert delta("web", "shardbus_web_requests_total", route="/health", method="GET", status="200") == 1
+    assert delta("ledger", "shardbus_ledger_requests_total", subject="ledger.run.create", status="200") == 1
     assert "shardbus_ledger_outbox_pending" in names(after["ledger"])
-    assert "shardbus_cleanup_sweep_duration_seconds_count" in names(after["cleanup"])
+    assert delta("cleanup", "shardbus_cleanup_sweep_duration_seconds_count") >= 1
     assert "shardbus_installer_fetched_bytes_total" in names(after["installer"])
 
     # Every shardbus series the dashboard and the alerts may name (tests/deploy/catalogue.py)
