@@ -142,10 +142,13 @@ class ShardTraffic:
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         traffic = cls(gateway, proc, f"bg{tag}-", f"fault.load.{tag}")
         assert proc.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), CONNECT_WITHIN_S)
-        if line.strip() != f"connected {shards}":
+        try:  # the caller holds no handle until this returns: a failed start stops its own process
+            line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), CONNECT_WITHIN_S)
+            if line.strip() != f"connected {shards}":
+                raise AssertionError(f"the background shards did not connect: {line!r}")
+        except BaseException:
             traffic.stop()
-            raise AssertionError(f"the background shards did not connect: {line!r}")
+            raise
         return traffic
 
     async def finish(self, nc: nats.NATS) -> None:
@@ -162,11 +165,13 @@ class ShardTraffic:
         sub = await nc.jetstream().subscribe(f"shard.*.frame.{self.kind}", stream="SHARD_FRAMES",
                                              ordered_consumer=True)
         seen: Counter[tuple[str, int]] = Counter()
+        read = 0
         try:
             async with asyncio.timeout(120):
-                while sum(seen.values()) < expect:
+                while read < expect:
                     msg = await sub.next_msg(timeout=10)
                     seen[(msg.subject.split(".")[1], json.loads(msg.data)["i"])] += 1
+                    read += 1
             while True:  # anything beyond what was sent would be a duplicate
                 msg = await sub.next_msg(timeout=0.5)
                 seen[(msg.subject.split(".")[1], json.loads(msg.data)["i"])] += 1
