@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 
 from services.web import nats_calls, relay
 from services.web.auth import Caller, website
+from services.web.sidecar.fast import Table
 from services.web.sidecar.reply import NO_REPLY, NOT_CONNECTED, board_answer, command_answer
 from shared import subjects
 from shared.contracts.ids import is_shard_id
@@ -209,9 +210,11 @@ def _board_endpoint(board: str, scoped: bool) -> Any:
     return endpoint
 
 
-def register(router: APIRouter) -> None:
+def register(router: APIRouter) -> Table:
     """Add every sidecar route to ``router`` — the app's own: an included router's matching
-    cost the hot path more than the whole NATS round trip (measured, docs/performance.md)."""
+    cost the hot path more than the whole NATS round trip (measured, docs/performance.md) —
+    and return them as the table fast.py serves them from (FastAPI keeps them for OpenAPI)."""
+    table = Table()
     for scoped in (True, False):
         prefix = "/shards/{shard}" if scoped else ""
         tag = "sidecar (any shard)" if scoped else "sidecar (default shard)"
@@ -220,11 +223,16 @@ def register(router: APIRouter) -> None:
             if route.method == "POST":
                 extra = {"requestBody": {"content": {"application/json": {
                     "schema": {"type": "object"}, "example": route.example or {}}}}}
-            router.add_api_route(prefix + route.path, _endpoint(route, scoped), methods=[route.method],
+            endpoint = _endpoint(route, scoped)
+            router.add_api_route(prefix + route.path, endpoint, methods=[route.method],
                                  tags=[tag], summary=f"{route.verb} (S004:{route.seed_line})",
                                  openapi_extra=extra, response_class=JSONResponse)
+            table.add(route.method, prefix + route.path, router.routes[-1], endpoint)
         for board in BOARDS:
-            router.add_api_route(f"{prefix}/{board}", _board_endpoint(board, scoped), methods=["GET"],
+            endpoint = _board_endpoint(board, scoped)
+            router.add_api_route(f"{prefix}/{board}", endpoint, methods=["GET"],
                                  tags=[tag], summary=f"the {board} board, as a JSON array",
                                  response_class=JSONResponse)
+            table.add("GET", f"{prefix}/{board}", router.routes[-1], endpoint)
+    return table
 

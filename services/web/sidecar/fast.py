@@ -1,0 +1,93 @@
+"""The sidecar's routes answered without FastAPI's per-request machinery.
+
+Profiled (docs/performance.md, "Web door"): FastAPI's route path (router scan, exception and
+exit-stack wrappers, dependency solving) cost the door more per request than its NATS call.
+:class:`FastSidecar` is pure ASGI middleware inside the door's own (body cap, metrics): a
+request whose method and path are a sidecar route's is looked up in a table and given to that
+route's own endpoint, with the route's auth checked first, as FastAPI would. Anything else
+(other paths, methods, a trailing slash) goes on to FastAPI unchanged. The routes stay
+registered with FastAPI too, so the OpenAPI document is generated exactly as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import HTTPException, Request
+from fastapi.responses import Response
+
+from services.web.auth import website
+from services.web.relay import error
+
+SCOPED = "/shards/{shard}"
+PARAM = "{}"
+"""A path parameter's place in a table key."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One route: ``route`` is what Starlette would put in the scope (the metrics read its
+    path template); ``param`` names its path parameter (``run_id``, ``page_id``), if any."""
+
+    route: Any
+    endpoint: Callable[..., Awaitable[Response]]
+    param: str | None
+
+
+class Table:
+    """Sidecar routes by method and path segments, a parameter as ``{}``."""
+
+    def __init__(self) -> None:
+        self._routes: dict[tuple[str, bool, tuple[str, ...]], Target] = {}
+
+    def add(self, method: str, path: str, route: Any, endpoint: Callable[..., Awaitable[Response]]) -> None:
+        scoped = path.startswith(SCOPED + "/")
+        segments = path[len(SCOPED) if scoped else 0:].split("/")[1:]
+        params = [s[1:-1] for s in segments if s.startswith("{")]
+        key = tuple(PARAM if s.startswith("{") else s for s in segments)
+        if len(params) > 1 or (params and key[1] != PARAM):
+            raise ValueError(f"{path}: the table takes one parameter at most, as the second segment")
+        self._routes[(method, scoped, key)] = Target(route, endpoint, params[0] if params else None)
+
+    def find(self, method: str, path: str) -> tuple[Target, dict[str, str]] | None:
+        """The route and its path parameters, as Starlette would match them (a literal route
+        before a parameter's: ``/world/save`` before ``/world/{run_id}``), or None."""
+        segments = path.split("/")[1:]
+        if "" in segments:  # an empty segment never matches a parameter; a trailing slash redirects
+            return None
+        params: dict[str, str] = {}
+        scoped = len(segments) >= 3 and segments[0] == "shards"
+        if scoped:
+            params["shard"], segments = segments[1], segments[2:]
+        target = self._routes.get((method, scoped, tuple(segments)))
+        if target is None and len(segments) >= 2:
+            target = self._routes.get((method, scoped, (segments[0], PARAM, *segments[2:])))
+            if target is not None and target.param is not None:
+                params[target.param] = segments[1]
+        return None if target is None else (target, params)
+
+
+class FastSidecar:
+    """Pure ASGI middleware: the sidecar's routes from :class:`Table`, the rest to ``app``."""
+
+    def __init__(self, app: Any, table: Table) -> None:
+        self.app, self.table = app, table
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        found = None
+        if scope["type"] == "http" and not scope.get("root_path"):
+            found = self.table.find(scope["method"], scope["path"])
+        if found is None:
+            await self.app(scope, receive, send)
+            return
+        target, params = found
+        scope["route"], scope["path_params"] = target.route, params
+        request = Request(scope, receive)
+        try:
+            await website(request)  # the routes' one dependency, first as FastAPI solves it
+            response = await target.endpoint(request, **params)
+        except HTTPException as exc:  # as the app's handler answers it (http_app.py)
+            response = error(exc.status_code, str(exc.detail), dict(exc.headers) if exc.headers else None)
+        await response(scope, receive, send)
