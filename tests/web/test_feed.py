@@ -160,7 +160,7 @@ async def test_a_filter_by_shard_and_kind_passes_only_those_frames(feed_door, so
     assert [(e["type"], e["shard"], e["kind"]) for e in got] == [
         ("frame", f"a{unique}", "lease.drifted"), ("frame", f"a{unique}", "guild.update")]
     # NATS filtered them (2.10+ takes several subjects; 2.9 one covering them)
-    (reader,) = [c.reader for c in hub(door).clients.values()]
+    (reader,) = [c.reading for c in hub(door).clients.values()]
     assert reader.filters in ([f"shard.a{unique}.frame.guild.update", f"shard.a{unique}.frame.lease.*"],
                               [f"shard.a{unique}.frame.*.*"])
 
@@ -490,7 +490,7 @@ async def test_clients_beyond_the_limit_are_refused_and_a_gone_client_leaves_not
     async with door.client() as http:
         refused = await http.get("/events")
     assert refused.status_code == 503 and refused.headers["retry-after"] == "5"
-    assert await consumers(nc, door.settings.web_feed_stream) == 2
+    assert await consumers(nc, door.settings.web_feed_stream) == 1  # the same filter: one shared consumer
     await first.close(), await second.close()
     await wait_until(lambda: not hub(door).clients)
     async with asyncio.timeout(WAIT_S):

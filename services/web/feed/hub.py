@@ -3,6 +3,8 @@ their queues, the drops), the start of a client's feed at its cursor, and the lo
 its events while watching that it keeps taking them. Plain: routes.py adapts it to WebSocket
 and SSE.
 
+Clients reading live with the same filter share one consumer (fanout.py); a client resuming
+from further back, or detached from its group for being slow, reads with a consumer of its own.
 A client that takes nothing for ``web_feed_stall_s`` while events wait is dropped with the
 reason; one timer per client watches that (a timeout per write would cost a task each).
 """
@@ -18,6 +20,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.web.feed.fanout import FeedGroup, Member
 from services.web.feed.filter import FeedFilter, consumer_filters
 from services.web.feed.queue import FeedQueue, PullBudget
 from services.web.feed.reader import FeedReader
@@ -52,12 +55,19 @@ class FeedClient:
     since: int = 0
     sent: int = 0
     last_seq: int = 0
-    reader: FeedReader | None = None
+    reader: FeedReader | None = None  # its own consumer (else it is in ``group``)
+    group: FeedGroup | None = None
+    member: Member | None = None
     dropped: str | None = None
     started: float = field(default_factory=time.monotonic)
     writing: float = 0.0  # when the write in progress began (0: none)
     wrote: float = 0.0  # when the last write ended
     in_flight: int = 0  # bytes of the write in progress
+
+    @property
+    def reading(self) -> FeedReader | None:
+        """The reader filling its queue: its own, or its group's."""
+        return self.reader or (self.group.reader if self.group else None)
 
 
 class FeedHub:
@@ -72,6 +82,8 @@ class FeedHub:
         self.drops = 0
         """Clients dropped since the door started (its metrics)."""
         self.stopping = asyncio.Event()
+        self.groups: dict[FeedFilter, FeedGroup] = {}
+        """The shared consumers, by filter (fanout.py)."""
         self._ids = itertools.count(1)
 
     def admit(self, transport: str) -> FeedClient:
@@ -86,6 +98,20 @@ class FeedHub:
 
     def release(self, client: FeedClient) -> None:
         self.clients.pop(client.id, None)
+        self._leave(client)
+
+    def _leave(self, client: FeedClient) -> None:
+        group, member, client.group, client.member = client.group, client.member, None, None
+        if group is None or member is None:
+            return
+        group.leave(member)
+        self.close_if_empty(group)
+
+    def close_if_empty(self, group: FeedGroup) -> None:
+        """A group nobody follows any longer ends: its reader deletes its consumer as it ends."""
+        if not group.members:
+            self.groups = {k: g for k, g in self.groups.items() if g is not group}
+            group.task.cancel()
 
     def stop(self) -> None:
         """End every feed (the door is stopping): WebSocket close 1001, SSE ``event: dropped``."""
@@ -105,7 +131,21 @@ class FeedHub:
         many = (version.major, version.minor) >= (2, 10)
         filters = consumer_filters(wanted.subjects(self.stream.bucket_of, subjects.LEDGER_EVENTS_WILDCARD), many)
         accept: Callable[[FeedEvent], bool] = lambda e: wanted.matches(e.type, e.shard, e.kind, e.board)  # noqa: E731
-        client.reader = FeedReader(self.nc, self.stream, filters, start, accept, client.queue, self.budget)
+        group = self.groups.get(wanted)
+        if group is not None and group.task.done():  # its reader failed: its members were told so
+            del self.groups[wanted]
+            group = None
+        if group is None and start == last + 1:  # live: the first of its filter makes the shared consumer
+            group = self.groups[wanted] = FeedGroup(
+                self.nc, self.stream, filters, start, accept, self.budget, self.settings.web_feed_queue_bytes,
+                self.settings.web_feed_queue_messages, self.settings.web_feed_stall_s)
+        if group is not None and (start == last + 1 or group.reader.next_seq <= start):
+            # A live client's "now" is where the group is; a resuming one joins if the group is not past it.
+            client.group, client.member = group, group.join(client.queue, start)
+            start = client.member.start
+            last = max(last, start - 1)
+        else:  # from further back than the group: a consumer of its own
+            client.reader = FeedReader(self.nc, self.stream, filters, start, accept, client.queue, self.budget)
         client.since = client.last_seq = start - 1
         return {"seq": start - 1, "type": "hello", "first": first, "last": last, "gap": gap,
                 "filter": wanted.describe()}
@@ -114,8 +154,17 @@ class FeedHub:
                     keepalive: Callable[[], Awaitable[None]] | None, gone: Callable[[], Coroutine[Any, Any, None]],
                     chunk_bytes: int = 0) -> str | None:
         """Stream to the client until it goes (None) or is dropped (the reason)."""
-        assert client.reader is not None
+        assert client.reader is not None or client.member is not None
         stall = self.settings.web_feed_stall_s
+
+        async def read() -> None:
+            if (group := client.group) is not None and client.member is not None:
+                resume = await group.follow(client.member)  # detached: on with a consumer of its own
+                self._leave(client)
+                client.reader = FeedReader(self.nc, self.stream, group.reader.filters, resume, group.reader.accept,
+                                           client.queue, self.budget)
+            assert client.reader is not None
+            await client.reader.run()
 
         async def pump() -> None:
             while True:
@@ -142,7 +191,7 @@ class FeedHub:
                     client.queue.wake()
 
         client.wrote = time.monotonic()
-        tasks = [asyncio.create_task(client.reader.run()), asyncio.create_task(pump()),
+        tasks = [asyncio.create_task(read()), asyncio.create_task(pump()),
                  asyncio.create_task(watchdog()), asyncio.create_task(gone()),
                  asyncio.create_task(self.stopping.wait())]
         try:

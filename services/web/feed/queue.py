@@ -4,6 +4,7 @@ budget of bytes asked from NATS and not yet received. Plain."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 
 from services.web.feed.stream import FeedEvent
@@ -25,6 +26,8 @@ class FeedQueue:
         self._took = asyncio.Event()  # something left the queue
         self._put = asyncio.Event()  # something entered it
         self._woken = False
+        self.taken_at = 0.0  # when something last left the queue
+        self.notify: asyncio.Event | None = None  # also set when something leaves (a shared reader waits on it)
 
     def room(self) -> tuple[int, int]:
         """Messages and bytes that still fit."""
@@ -38,6 +41,16 @@ class FeedQueue:
         while not self.fits(event):
             self._took.clear()
             await self._took.wait()
+        self._add(event)
+
+    def offer(self, event: FeedEvent) -> bool:
+        """Add ``event`` if it fits now."""
+        if not self.fits(event):
+            return False
+        self._add(event)
+        return True
+
+    def _add(self, event: FeedEvent) -> None:
         self.items.append(event)
         self.bytes += event.size
         self.peak_bytes = max(self.peak_bytes, self.bytes)
@@ -65,7 +78,7 @@ class FeedQueue:
             await self._put.wait()
         event = self.items.popleft()
         self.bytes -= event.size
-        self._took.set()
+        self._taken()
         return event
 
     def wake(self) -> None:
@@ -83,8 +96,14 @@ class FeedQueue:
             size += event.size
             taken.append(event)
         if taken:
-            self._took.set()
+            self._taken()
         return taken
+
+    def _taken(self) -> None:
+        self.taken_at = time.monotonic()
+        self._took.set()
+        if self.notify is not None:
+            self.notify.set()
 
 
 class PullBudget:
