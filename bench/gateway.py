@@ -297,6 +297,15 @@ def cpu_s(pids: list[int]) -> float:
     return total
 
 
+async def _profile(pid: int, seconds: float):
+    """py-spy on the first gateway for ``seconds`` mid-load (``BENCH_PROFILE=<file>``: collapsed
+    stacks, for docs/performance.md's profiles); py-spy must be installed."""
+    return await asyncio.create_subprocess_exec(
+        "py-spy", "record", "--rate", "200", "--duration", str(max(1, int(seconds))), "--format", "raw",
+        "--nonblocking", "--output", os.environ["BENCH_PROFILE"], "--pid", str(pid),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+
+
 async def many_shards(nats_url: str, gateways: list[tuple[subprocess.Popen, int]], shards: int, rate: float,
                       seconds: float, nats_pid: int) -> dict[str, float]:
     """``shards`` connections (``bench/shard_load.py``, its own process) spread over ``gateways``,
@@ -327,8 +336,11 @@ async def many_shards(nats_url: str, gateways: list[tuple[subprocess.Popen, int]
         assert connected.startswith(b"connected"), connected
         await asyncio.sleep(1.0)  # the load's first second is quiet
         cpu_before = {name: cpu_s(p) for name, p in pids.items()}
+        spy = await _profile(procs[0].pid, seconds / 2) if os.environ.get("BENCH_PROFILE") else None
         await asyncio.sleep(seconds / 2)
         during = rss_kb(procs)
+        if spy is not None:
+            await spy.wait()
         summary = json.loads(await asyncio.wait_for(load.stdout.readline(), seconds + 120))
         cpu_used = {name: round(cpu_s(p) - cpu_before[name], 2) for name, p in pids.items() }
         cpu_used["load"] = summary["cpu_s"]
@@ -420,6 +432,8 @@ def main() -> int:
     parser.add_argument("--only", choices=("all", "shards", "ingest", "commands"), default="all",
                         help="'shards': only the many-shards phase; 'ingest': only the ingest phase; "
                         "'commands': only the command phase (each merged into the results file)")
+    parser.add_argument("--replicas", default="1,2",
+                        help="gateway processes of the many-shards phase, one run each (comma-separated)")
     parser.add_argument("--out", type=Path, default=None,
                         help="results file (default bench/results/gateway.json, or "
                         "gateway-sync-always.json with --sync always)")
@@ -441,7 +455,7 @@ def main() -> int:
                 results.update(asyncio.run(measure(server.url, port, args.frames, args.only, gateway.pid)))
                 embedded.stop_process(gateway)
                 gateway = None
-            for replicas in (1, 2) if args.only in ("all", "shards") else ():
+            for replicas in [int(n) for n in args.replicas.split(",")] if args.only in ("all", "shards") else ():
                 many = asyncio.run(shards_phase(workdir, server.url, args.shards, args.shard_rate,
                                                 args.shard_seconds, replicas, server.proc.pid))
                 key = f"shards_{args.shards}" + ("" if replicas == 1 else f"_replicas{replicas}")

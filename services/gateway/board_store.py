@@ -101,11 +101,27 @@ class BoardStore:
         """Queue writes of ``shard`` (in order); waits while that shard's queue is full."""
         if not ops:
             return
+        queue = self._queue(shard)
+        for op in ops:
+            await queue.put(op)
+
+    def write_nowait(self, shard: str, ops: list[tuple[str, str, str, Any]]) -> bool:
+        """Queue all of ``ops`` now if the shard's queue has room for all of them; False (and
+        nothing queued) when it has not, for :meth:`write`."""
+        if not ops:
+            return True
+        queue = self._queue(shard)
+        if queue.maxsize - queue.qsize() < len(ops):
+            return False
+        for op in ops:
+            queue.put_nowait(op)
+        return True
+
+    def _queue(self, shard: str) -> asyncio.Queue[tuple[str, str, str, Any]]:
         if shard not in self.queues:
             self.queues[shard] = asyncio.Queue(maxsize=WRITE_QUEUE)
             self.tasks[shard] = asyncio.create_task(self._writer(self.queues[shard]))
-        for op in ops:
-            await self.queues[shard].put(op)
+        return self.queues[shard]
 
     async def _writer(self, queue: asyncio.Queue[tuple[str, str, str, Any]]) -> None:
         while True:

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import time
+from typing import cast
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -21,6 +22,7 @@ from services.gateway.board_store import direct, news_line
 from services.gateway.command_relay import CommandRelay
 from services.gateway.counts import GatewayCounts
 from services.gateway.intake import FrameIntake, Spawn
+from services.gateway.line_reader import ShardLines
 from services.gateway.link import ShardLink
 from services.gateway.settings import GatewaySettings
 from services.gateway.wire import Hello, HelloRefused, LineTooLong, check_hello, read_line
@@ -158,16 +160,15 @@ class Connections:
                 await link.send(ping)
 
     async def _read_lines(self, link: ShardLink, reader: asyncio.StreamReader) -> None:
-        cap = self.line_cap
-        while not link.closed:
-            line = await read_line(reader, cap)
-            if line is None:
-                return
-            link.last_line_at = time.time()
-            link.line_no += 1
-            if not line.strip():
-                continue
-            await self.intake.take(link, line)
+        """The lines after the hello, taken by :class:`ShardLines` as they arrive; returns when
+        the shard closes, raises why the link ended otherwise."""
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
+        transport = cast(asyncio.Transport, link.writer.transport)
+        lines = ShardLines(link, self.intake.take_now, self.line_cap, transport.get_protocol(), transport)
+        # What the hello's StreamReader read past the hello is the start of the next lines
+        # (its buffer and end-of-stream flag: asyncio has no public way to take them back).
+        lines.start(bytes(reader._buffer), reader._eof)  # type: ignore[attr-defined]
+        await lines.done
 
 
 async def _tell_refused(writer: asyncio.StreamWriter, reason: str) -> None:

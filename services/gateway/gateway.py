@@ -66,7 +66,7 @@ class Gateway:
     async def start(self) -> None:
         """Declare the streams and the boards' buckets, and answer board reads and news."""
         await declare_streams(self.js, self.settings)
-        await self.intake.acks.start()
+        await self.intake.pipeline.start()
         await self.boards.declare()
         await self.boards.serve()
 

@@ -16,11 +16,12 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from services.gateway.board_store import BoardStore
-from services.gateway.boards import RosterAssembler, board_ops
-from services.gateway.command_relay import CommandRelay
+from services.gateway.boards import RULES_BY_KIND, Op, RosterAssembler, board_ops
+from services.gateway.command_relay import CommandRelay, Reply
 from services.gateway.counts import BOARD_UNUSABLE, GatewayCounts, reason_label
 from services.gateway.link import ShardLink
-from services.gateway.publisher import REASON_CHARS, REASON_HEADER, AckInbox, Outgoing, ShardPublisher
+from services.gateway.pipeline import PublishPipeline
+from services.gateway.publisher import REASON_CHARS, REASON_HEADER, Outgoing, ShardPublisher
 from services.gateway.settings import GatewaySettings
 from services.gateway.wire import DeadLetter, sort_line
 from shared import subjects
@@ -51,16 +52,15 @@ class FrameIntake:
         self.spawn = spawn
         self.counts = counts or GatewayCounts()
         self.publishers: dict[str, ShardPublisher] = {}
-        self.acks = AckInbox(nc)
-        """JetStream's acknowledgements of every shard's publisher, on one subscription."""
+        self.pipeline = PublishPipeline(nc, settings.publish_ack_timeout_s)
+        """Sends every shard's queued frames and takes their acknowledgements (one task, one inbox)."""
 
     def publisher(self, shard: str) -> ShardPublisher:
         """The shard's publisher (created on first use; it outlives connections)."""
         if shard not in self.publishers:
-            pub = ShardPublisher(self.nc, self.js, window=self.settings.publish_window,
-                                 ack_timeout_s=self.settings.publish_ack_timeout_s,
+            pub = ShardPublisher(self.pipeline, self.js, window=self.settings.publish_window,
                                  buffer=self.settings.buffer_frames, buffer_bytes=self.settings.buffer_bytes,
-                                 dead_letter_subject=subjects.deadletter(shard), acks=self.acks,
+                                 dead_letter_subject=subjects.deadletter(shard),
                                  on_stored=functools.partial(self._acknowledge, shard))
             pub.start()
             self.publishers[shard] = pub
@@ -84,6 +84,14 @@ class FrameIntake:
 
     async def take(self, link: ShardLink, line: bytes) -> None:
         """One later line of the link (not blank)."""
+        if (rest := self.take_now(link, line)) is not None:
+            await rest
+
+    def take_now(self, link: ShardLink, line: bytes) -> Coroutine[Any, Any, None] | None:
+        """:meth:`take` without a task switch when nothing has to wait (the common frame: its
+        publisher has room, its board writes fit their queue, no command waits for it): None
+        when the line is taken, else what is left of taking it, to be awaited before the
+        shard's next line (so the shard's order holds)."""
         shard = link.shard
         item = sort_line(line)
         msg_id = f"{shard}.{link.epoch}.{link.line_no}"
@@ -91,12 +99,11 @@ class FrameIntake:
             link.dead_letters += 1
             self.counts.dead_letter(reason_label(item.reason))
             log.warning("dead letter", extra={"shard": shard, "reason": item.reason, "line_no": link.line_no})
-            await self.publisher(shard).put(Outgoing(subjects.deadletter(shard), line, msg_id,
-                                                     {REASON_HEADER: item.reason[:REASON_CHARS]}))
-            return
+            return self._put(shard, Outgoing(subjects.deadletter(shard), line, msg_id,
+                                             {REASON_HEADER: item.reason[:REASON_CHARS]}))
         self.counts.frame_in(item.kind)
         if item.kind == PONG:
-            return
+            return None
         if item.kind == "server.hello":
             # A hello on an open link: the seed's sidecar takes it as the shard starting over
             # (S004:295-298: partial rosters dropped, news replayed). It is forwarded like the
@@ -112,30 +119,65 @@ class FrameIntake:
         link.frames += 1
         frame = Outgoing(subjects.frame(shard, item.kind), line, msg_id, ack_seq=ack_seq)
         publisher = self.publisher(shard)
+        if reply is not None or not publisher.has_room(frame):
+            return self._take_rest(link, item.kind, item.body, line, msg_id, frame, reply)
+        publisher.put_nowait(frame)
+        if item.kind not in RULES_BY_KIND:
+            return None  # most frames: no board
+        return self._board(link, item.kind, item.body, line, msg_id)
+
+    async def _take_rest(self, link: ShardLink, kind: str, body: dict[str, Any], line: bytes, msg_id: str,
+                         frame: Outgoing, reply: Reply | None) -> None:
+        publisher = self.publisher(link.shard)
         if reply is None:
             await publisher.put(frame)
         elif publisher.has_room(frame):
             # The caller's reply is sent now, in this turn; the frame is only queued first so that
-            # the publisher's next turn adds it to the same write to NATS (one system call, not two).
-            await publisher.put(frame)  # does not wait: there is room
+            # the pipeline's next pass adds it to the same write to NATS (one system call, not two).
+            publisher.put_nowait(frame)
             await self.commands.send(reply)
         else:  # the publisher is full (back-pressure): the reply does not wait for it
             await self.commands.send(reply)
             await publisher.put(frame)
+        if (rest := self._board(link, kind, body, line, msg_id)) is not None:
+            await rest
+
+    def _board(self, link: ShardLink, kind: str, body: dict[str, Any], line: bytes,
+               msg_id: str) -> Coroutine[Any, Any, None] | None:
+        """What a frame does to the boards (and the dead letter when a board cannot use it);
+        None when done without waiting."""
+        shard = link.shard
         evicted = link.rosters.evicted
-        ops, problem = board_ops(shard, item.kind, item.body, link.rosters, len(line))
+        ops, problem = board_ops(shard, kind, body, link.rosters, len(line))
         if link.rosters.evicted != evicted:
             log.warning("partial rosters discarded: the shard's unfinished rosters held too much",
                         extra={"shard": shard, "discarded": link.rosters.evicted - evicted,
                                "held_bytes": link.rosters.held_bytes})
+        letter = None
         if problem is not None:
             # Forwarded as a frame all the same; the board could not use it, and says why.
             link.dead_letters += 1
             self.counts.dead_letter(BOARD_UNUSABLE)
             log.warning("dead letter", extra={"shard": shard, "reason": problem, "line_no": link.line_no})
-            await self.publisher(shard).put(Outgoing(subjects.deadletter(shard), line, f"{msg_id}.board",
-                                                     {REASON_HEADER: problem[:REASON_CHARS]}))
+            letter = Outgoing(subjects.deadletter(shard), line, f"{msg_id}.board",
+                              {REASON_HEADER: problem[:REASON_CHARS]})
+        if (letter is None or self.publisher(shard).has_room(letter)) and self.boards.write_nowait(shard, ops):
+            if letter is not None:
+                self.publisher(shard).put_nowait(letter)
+            return None
+        return self._board_later(shard, letter, ops)
+
+    async def _board_later(self, shard: str, letter: Outgoing | None, ops: list[Op]) -> None:
+        if letter is not None:
+            await self.publisher(shard).put(letter)
         await self.boards.write(shard, ops)
+
+    def _put(self, shard: str, item: Outgoing) -> Coroutine[Any, Any, None] | None:
+        publisher = self.publisher(shard)
+        if publisher.has_room(item):
+            publisher.put_nowait(item)
+            return None
+        return publisher.put(item)
 
     async def _replay_news(self, link: ShardLink) -> None:
         """After each hello, the stored news again, marked not to be announced."""
@@ -151,6 +193,7 @@ class FrameIntake:
     async def stop(self) -> None:
         """Let buffered frames reach JetStream, then stop every publisher."""
         await asyncio.gather(*(pub.stop() for pub in self.publishers.values()))
+        await self.pipeline.stop()
 
 
 def without_token(hello: dict[str, Any]) -> bytes:

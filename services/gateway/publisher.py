@@ -5,27 +5,24 @@ Each shard has one :class:`ShardPublisher` for the life of the gateway (it outli
 connection, so a reconnect cannot overtake frames still buffered). Its queue is bounded:
 when it is full, the reader awaiting :meth:`put` stops reading from the shard, which is
 TCP back-pressure. Every message carries a ``Nats-Msg-Id``, so publishing one again after a
-failure is de-duplicated by JetStream.
+failure is de-duplicated by JetStream. The sending and the acknowledgements of all shards go
+through the gateway's one :class:`~services.gateway.pipeline.PublishPipeline`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
-import itertools
-import json
 import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import nats.errors
-import nats.js.api
 import nats.js.errors
-from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
+
+from services.gateway.pipeline import CONNECTED_POLL_S, PublishPipeline
 
 log = logging.getLogger("shardbus.gateway.publisher")
 
@@ -54,88 +51,6 @@ def refuses_the_message(error: Exception) -> bool:
     return isinstance(error, nats.js.errors.APIError) and isinstance(code, int) and 400 <= code < 500
 
 
-
-CONNECTED_POLL_S = 0.05
-"""How often a publisher looks whether NATS is back."""
-
-NO_RESPONDERS = "503"
-"""The status header of NATS's "no responders": no stream takes the subject."""
-
-
-class AckInbox:
-    """JetStream's acknowledgements of every publisher of one gateway, on one subscription:
-    each message's reply subject is the inbox's prefix and a counter, and its acknowledgement
-    completes the message's future (with None; an error answer with its ``APIError``).
-
-    What ``JetStreamContext.publish_async`` does, for less: it draws random bytes (a system call)
-    for each message's reply subject and builds a ``PubAck`` dataclass from each
-    acknowledgement, which a publisher never reads (a fifth of the gateway's CPU per frame,
-    py-spy, issue 15). No cap of its own on the messages waiting for their acknowledgement:
-    each shard's publisher has its window (``SHARDBUS_PUBLISH_WINDOW``). ``publish_async``'s
-    cap of 4,000 for the whole gateway was what held 1,000 shards × 20 frames/s back
-    (bench/gateway.py: frame p99 6-12 s with it, 0.3 s without; the gateway's CPU half idle)."""
-
-    def __init__(self, nc: Client) -> None:
-        self.nc = nc
-        self.prefix = ""
-        self._sub: Subscription | None = None
-        self._starting = asyncio.Lock()
-        self._waiting: dict[str, asyncio.Future[None]] = {}
-        self._numbers = itertools.count(1)
-
-    async def start(self) -> None:
-        """Subscribe to the inbox (done by the first :meth:`publish` if not before)."""
-        async with self._starting:
-            if self._sub is None:
-                prefix = f"{self.nc.new_inbox()}."
-                self._sub = await self.nc.subscribe(f"{prefix}*", cb=self._on_ack)
-                self.prefix = prefix
-
-    def waiting(self) -> int:
-        """Messages published and not acknowledged (nor forgotten) yet."""
-        return len(self._waiting)
-
-    async def publish(self, subject: str, data: bytes, headers: dict[str, str]) -> tuple[str, asyncio.Future[None]]:
-        """Publish one message to JetStream; its token (for :meth:`forget`) and the future its
-        acknowledgement completes."""
-        if self._sub is None:
-            await self.start()
-        token = f"{next(self._numbers):x}"
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting[token] = future
-        try:
-            await self.nc.publish(subject, data, reply=self.prefix + token, headers=headers)
-        except BaseException:
-            self.forget(token)
-            raise
-        return token, future
-
-    def forget(self, token: str | None) -> None:
-        """Stop waiting for the acknowledgement of ``token`` (it is published again, or the
-        publisher stops); one that still comes is dropped."""
-        if token is not None and (future := self._waiting.pop(token, None)) is not None:
-            future.cancel()
-
-    async def _on_ack(self, msg: Msg) -> None:
-        future = self._waiting.pop(msg.subject[len(self.prefix):], None)
-        if future is None or future.done():
-            return
-        if msg.headers and msg.headers.get(nats.js.api.Header.STATUS) == NO_RESPONDERS:
-            future.set_exception(nats.js.errors.NoStreamResponseError())
-            return
-        try:
-            answer = json.loads(msg.data)
-            error = answer.get("error") if isinstance(answer, dict) else "not a JSON object"
-            if error is None:
-                future.set_result(None)
-                return
-            if isinstance(error, dict) and "code" in error:
-                nats.js.errors.APIError.from_error(error)  # raises the error's class
-            raise nats.js.errors.APIError(description=str(error)[:REASON_CHARS])
-        except Exception as exc:  # noqa: BLE001 — the message is published again: the acknowledger decides
-            future.set_exception(exc)
-
-
 @dataclass
 class Outgoing:
     """One message to JetStream: subject, exact bytes, de-duplication id, extra headers,
@@ -148,43 +63,58 @@ class Outgoing:
     ack_seq: int | None = None
 
 
+WAITING, STORED, FAILED = 0, 1, 2
+"""States of a frame in flight."""
+
+
+@dataclass(slots=True, eq=False)
+class InFlight:
+    """A frame published and not yet taken off its shard's window: its token in the pipeline's
+    inbox, when it was sent (the event loop's clock), and what its acknowledgement said."""
+
+    item: Outgoing
+    sent_at: float
+    token: str | None = None
+    state: int = WAITING
+    error: Exception | None = None
+
+
 class ShardPublisher:
     """An ordered, windowed, loss-free publisher for one shard's messages.
 
-    A sender sends each queued message as soon as a window slot is free (through the
-    gateway's :class:`AckInbox`); an acknowledger
-    awaits the acknowledgements in order. When one does not come (NATS away, an error), the
-    acknowledger stops the sender (the lock) and publishes every unacknowledged message
-    again, one at a time, in order; JetStream drops the ones it already holds."""
+    The gateway's :class:`~services.gateway.pipeline.PublishPipeline` sends what is queued as
+    soon as the window has room and hands back each acknowledgement; frames are taken off the
+    window in order, each once JetStream holds it. When one's acknowledgement fails or does not
+    come within the timeout, the shard publishes every frame of its window again, one at a
+    time, in order (its recovery; the pipeline sends nothing of this shard meanwhile); JetStream
+    drops the ones it already holds."""
 
-    def __init__(self, nc: Client, js: JetStreamContext, *, window: int, ack_timeout_s: float,
-                 buffer: int, on_stored: Callable[[Outgoing], None], buffer_bytes: int = 64 * 1024 * 1024,
-                 dead_letter_subject: str | None = None, acks: AckInbox | None = None) -> None:
-        self.nc, self.js = nc, js
-        self.acks = acks or AckInbox(nc)
-        self.ack_timeout_s = ack_timeout_s
-        self.queue: asyncio.Queue[Outgoing] = asyncio.Queue()
+    def __init__(self, pipeline: PublishPipeline, js: JetStreamContext, *, window: int, buffer: int,
+                 on_stored: Callable[[Outgoing], None], buffer_bytes: int = 64 * 1024 * 1024,
+                 dead_letter_subject: str | None = None) -> None:
+        self.pipeline, self.js = pipeline, js
+        self.nc = pipeline.nc
+        self.ack_timeout_s = pipeline.ack_timeout_s
+        self.window = window
+        self.queue: deque[Outgoing] = deque()
         self.buffer = buffer
         self.buffer_bytes = buffer_bytes
         self.dead_letter_subject = dead_letter_subject
         self.held_bytes = 0
-        """Bytes put and not yet stored (queued, held or in flight): bounded by ``buffer_bytes``."""
+        """Bytes put and not yet stored (queued or in flight): bounded by ``buffer_bytes``."""
         self.most_held_bytes = 0
         self.dead_lettered = 0
         self._room = asyncio.Event()
         self.on_stored = on_stored
         self.published = 0
         self.retries = 0
-        self._in_flight: deque[tuple[Outgoing, str | None, asyncio.Future[None]]] = deque()
-        self._slots = asyncio.Semaphore(window)
-        self._lock = asyncio.Lock()
-        self._flying = asyncio.Event()
-        self._holding = 0
-        self._tasks: list[asyncio.Task[None]] = []
+        self._in_flight: deque[InFlight] = deque()
+        self._recovery: asyncio.Task[None] | None = None
+        self._stopped = False
 
     def has_room(self, item: Outgoing) -> bool:
         """True when :meth:`put` of ``item`` would queue it at once, without waiting."""
-        return not (self.queue.qsize() >= self.buffer
+        return not (len(self.queue) >= self.buffer
                     or (self.held_bytes and self.held_bytes + len(item.data) > self.buffer_bytes))
 
     async def put(self, item: Outgoing) -> None:
@@ -193,51 +123,112 @@ class ShardPublisher:
         rather than one by one. A single message larger than the byte bound still goes alone."""
         size = len(item.data)
         if not self.has_room(item):
-            while self.queue.qsize() > self.buffer // 2 or (self.held_bytes and
-                                                             self.held_bytes + size > self.buffer_bytes // 2):
+            while len(self.queue) > self.buffer // 2 or (self.held_bytes and
+                                                         self.held_bytes + size > self.buffer_bytes // 2):
                 self._room.clear()
                 await self._room.wait()
-        self.held_bytes += size
-        self.most_held_bytes = max(self.most_held_bytes, self.held_bytes)
-        self.queue.put_nowait(item)
+        self.put_nowait(item)
+
+    def put_nowait(self, item: Outgoing) -> None:
+        """Queue a message now, room or not: for a caller that checked :meth:`has_room` (or a
+        ``put`` whose wait is over)."""
+        self.held_bytes += len(item.data)
+        if self.held_bytes > self.most_held_bytes:
+            self.most_held_bytes = self.held_bytes
+        self.queue.append(item)
+        if len(self._in_flight) < self.window and self._recovery is None and not self._stopped:
+            self.pipeline.ready(self)
 
     def _release(self, item: Outgoing) -> None:
         self.held_bytes -= len(item.data)
-        if self.queue.qsize() <= self.buffer // 2 and self.held_bytes <= self.buffer_bytes // 2:
-            self._room.set()
+        self._maybe_room()
         if self.held_bytes == 0 and self.most_held_bytes > self.buffer_bytes // 2:
             self.most_held_bytes = 0
             _give_memory_back()
 
+    def _maybe_room(self) -> None:
+        if len(self.queue) <= self.buffer // 2 and self.held_bytes <= self.buffer_bytes // 2:
+            self._room.set()
+
     def pending(self) -> int:
         """Messages not yet stored by JetStream (buffered or in flight)."""
-        return self.queue.qsize() + self._holding + len(self._in_flight)
+        return len(self.queue) + len(self._in_flight)
 
     def start(self) -> None:
-        """Start publishing in the background."""
-        if not self._tasks:
-            self._tasks = [asyncio.create_task(self._send()), asyncio.create_task(self._acknowledge())]
-            for task in self._tasks:
-                task.add_done_callback(_log_crash)
+        """Join the pipeline (its watchdog looks at this shard's frames in flight)."""
+        self.pipeline.join(self)
 
     async def stop(self, drain_timeout_s: float = 5.0) -> None:
         """Give buffered messages a moment to reach JetStream, then stop."""
         deadline = asyncio.get_running_loop().time() + drain_timeout_s
-        # Polled: pending() counts three places (queue, hand-over, in flight); no one event says all are empty.
+        # Polled: the queue, the window and a recovery all count; no one event says all are empty.
         while self.pending() and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         if self.pending():
             log.warning("stopped with frames unpublished", extra={"pending": self.pending()})
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        for _, token, future in self._in_flight:
-            self.acks.forget(token)
-            future.cancel()
+        self._stopped = True
+        self.pipeline.leave(self)
+        if self._recovery is not None:
+            self._recovery.cancel()
+            await asyncio.gather(self._recovery, return_exceptions=True)
+        for entry in self._in_flight:
+            self.pipeline.forget(entry.token)
+
+    async def send_queued(self) -> int:
+        """Publish queued frames while the window has room (the pipeline's sender calls this);
+        how many."""
+        sent = 0
+        loop = asyncio.get_running_loop()
+        while self.queue and len(self._in_flight) < self.window and self._recovery is None and not self._stopped:
+            entry = InFlight(self.queue.popleft(), loop.time())
+            self._in_flight.append(entry)
+            sent += 1
+            try:
+                await self.pipeline.publish(self, entry)
+            except Exception as exc:  # noqa: BLE001 — NATS went away between the check and the send
+                self.acknowledged(entry, exc)
+        self._maybe_room()
+        return sent
+
+    def acknowledged(self, entry: InFlight, error: Exception | None) -> None:
+        """JetStream's answer for ``entry`` (None: stored): frames leave the window in order."""
+        if entry.state != WAITING:
+            return
+        entry.state, entry.error = (STORED, None) if error is None else (FAILED, error)
+        if self._recovery is not None:
+            return  # the recovery publishes the whole window again and takes it off itself
+        window = self._in_flight
+        while window and window[0].state != WAITING:
+            front = window[0]
+            if front.state == FAILED:
+                self._recover(front.error or ConnectionError("not stored"))
+                return
+            window.popleft()
+            self._stored(front.item)
+        if self.queue and not self._stopped:
+            self.pipeline.ready(self)
+
+    def check_overdue(self, sent_before: float) -> None:
+        """Recover when the oldest frame in flight was sent before ``sent_before`` and is still
+        not acknowledged (the pipeline's watchdog calls this)."""
+        if self._in_flight and self._recovery is None and self._in_flight[0].sent_at < sent_before:
+            self._recover(TimeoutError(f"no acknowledgement within {self.ack_timeout_s} s"))
+
+    def _recover(self, exc: Exception) -> None:
+        for entry in self._in_flight:
+            self.pipeline.forget(entry.token)
+        self._recovery = asyncio.create_task(self._recover_in_order(exc))
+        self._recovery.add_done_callback(_log_crash)
+
+    async def _recover_in_order(self, exc: Exception) -> None:
+        try:
+            await self._republish_in_order(exc)
+        finally:
+            self._recovery = None
+            if self.queue and not self._stopped:
+                self.pipeline.ready(self)
 
     async def _connected(self) -> None:
-        # Issue nothing while NATS is away: nats-py would buffer it and could send it after
-        # an earlier message that is about to be published again (out of order).
         # Polled: nats-py has no "connected again" event, and its callbacks are the broker's.
         while not self.nc.is_connected:  # noqa: ASYNC110
             await asyncio.sleep(CONNECTED_POLL_S)
@@ -245,51 +236,12 @@ class ShardPublisher:
     def _headers(self, item: Outgoing) -> dict[str, str]:
         return {"Nats-Msg-Id": item.msg_id, **item.headers}
 
-    async def _send(self) -> None:
-        while True:
-            item = await self.queue.get()
-            if self.queue.qsize() <= self.buffer // 2 and self.held_bytes <= self.buffer_bytes // 2:
-                self._room.set()
-            self._holding = 1
-            await self._slots.acquire()
-            async with self._lock:
-                await self._connected()
-                token: str | None = None
-                try:
-                    token, future = await self.acks.publish(item.subject, item.data, self._headers(item))
-                except Exception:  # noqa: BLE001 — NATS went away between the check and the send
-                    future = _failed_future()
-                self._in_flight.append((item, token, future))
-                self._holding = 0
-                self._flying.set()
-
-    async def _acknowledge(self) -> None:
-        while True:
-            while not self._in_flight:
-                self._flying.clear()
-                await self._flying.wait()
-            item, _, future = self._in_flight[0]
-            try:
-                if not future.done():  # acks that already came are taken without a pause
-                    await asyncio.wait_for(future, self.ack_timeout_s)
-                future.result()
-            except Exception as exc:  # noqa: BLE001 — no ack in time, or an error ack: published again
-                async with self._lock:
-                    await self._republish_in_order(exc)
-                continue
-            self._in_flight.popleft()
-            self._slots.release()
-            self._stored(item)
-
     async def _republish_in_order(self, exc: Exception) -> None:
         """Publish every unacknowledged message again, one at a time, in order."""
         log.warning("JetStream did not acknowledge; publishing again in order",
                     extra={"reason": repr(exc), "count": len(self._in_flight)})
-        for _, token, future in self._in_flight:
-            self.acks.forget(token)
-            future.cancel()
         while self._in_flight:
-            item, _, _ = self._in_flight[0]
+            item = self._in_flight[0].item
             refusals = 0
             while True:
                 await self._connected()
@@ -307,7 +259,6 @@ class ShardPublisher:
                             break
                 await asyncio.sleep(RETRY_PAUSE_S)
             self._in_flight.popleft()
-            self._slots.release()
             self._stored(item)
 
     async def _dead_letter(self, item: Outgoing, error: Exception) -> None:
@@ -352,8 +303,3 @@ def _give_memory_back() -> None:
         pass
 
 
-def _failed_future() -> asyncio.Future[None]:
-    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    future.set_exception(ConnectionError("NATS connection lost while publishing"))
-    future.exception()  # mark retrieved: the retry path handles it
-    return future

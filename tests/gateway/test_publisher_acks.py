@@ -1,5 +1,5 @@
 """JetStream's acknowledgements of the shards' frames, taken on the gateway's one ack inbox
-(``publisher.AckInbox``, not ``publish_async``): every frame acknowledged and nothing left
+(``pipeline.PublishPipeline``, not ``publish_async``): every frame acknowledged and nothing left
 waiting; an error answer taken at once, not after the acknowledgement timeout."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ async def test_every_frame_of_several_shards_is_acknowledged_and_nothing_is_left
             await sim.send("player.move", i=i)
     for sim in sims:
         await sim.wait_acked(timeout=20)  # frame.ack: JetStream holds each frame
-    acks = gateway.gateway.intake.acks
+    acks = gateway.gateway.intake.pipeline
     await wait_until(lambda: acks.waiting() == 0 and all(p.pending() == 0 for p in gateway.gateway.publishers.values()))
     for sim in sims:
         got = await stored_frames(nc, sim.shard, 301)
@@ -50,4 +50,4 @@ async def test_an_error_answer_from_jetstream_is_taken_at_once_not_after_the_ack
         assert f"refused it {REFUSALS_BEFORE_DEAD_LETTER} times" in letters[0].headers["Shardbus-Reason"]
     finally:
         await js.update_stream(StreamConfig.from_response({**info.config.as_dict(), "max_msg_size": -1}))
-    await wait_until(lambda: running.gateway.intake.acks.waiting() == 0)
+    await wait_until(lambda: running.gateway.intake.pipeline.waiting() == 0)

@@ -1,0 +1,213 @@
+"""Every shard's frames to JetStream through one pipeline per gateway: one sender task, one
+acknowledgement subscription, one watchdog.
+
+Before, each shard had a sender and an acknowledger task of its own, and each frame a future,
+a window semaphore and a timeout: with 1,000 shards at 20 frames/s that machinery, not the
+frames, was what used the gateway's core (py-spy, docs/performance.md, issue 26). Now a shard's
+:class:`~services.gateway.publisher.ShardPublisher` only holds its queue and its frames in
+flight; this pipeline publishes what every ready shard has queued in one pass per turn of the
+event loop (nats-py's flusher makes that one write to NATS), takes each acknowledgement where it
+lands (a counter-numbered reply subject under one inbox), and looks once every
+``WATCH_EVERY_S`` for a shard whose oldest frame in flight waits past the acknowledgement timeout.
+Order, de-duplication and the no-loss rule stay the shard publisher's: a frame whose
+acknowledgement fails or never comes sends that shard (only) into its in-order recovery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+from typing import TYPE_CHECKING
+
+import nats.js.api
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+if TYPE_CHECKING:
+    from services.gateway.publisher import InFlight, ShardPublisher
+
+log = logging.getLogger("shardbus.gateway.publisher")
+
+CONNECTED_POLL_S = 0.05
+"""How often the sender looks whether NATS is back."""
+
+NO_RESPONDERS = "503"
+"""The status header of NATS's "no responders": no stream takes the subject."""
+
+WATCH_EVERY_S = 0.1
+"""How often the watchdog looks for acknowledgements overdue (at most this late)."""
+
+HEADER_ROOM = 4096
+"""Bytes kept for headers under ``max_payload`` (a larger frame goes through nats-py's checks)."""
+
+ERROR_CHARS = 300
+"""Longest error text kept from an acknowledgement that is not JSON."""
+
+
+class PublishPipeline:
+    """The gateway's one sender, acknowledgement inbox and watchdog for all shard publishers."""
+
+    def __init__(self, nc: Client, ack_timeout_s: float) -> None:
+        self.nc = nc
+        self.ack_timeout_s = ack_timeout_s
+        self.prefix = ""
+        self._sub: Subscription | None = None
+        self._ready: dict[ShardPublisher, None] = {}
+        """Publishers with frames queued and room in their window, in the order they became so."""
+        self._wake = asyncio.Event()
+        self._waiting: dict[str, tuple[ShardPublisher, InFlight]] = {}
+        self._numbers = itertools.count(1)
+        self._publishers: set[ShardPublisher] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._batch: list[bytes] = []
+        """HPUB commands of this pass, not yet handed to nats-py."""
+        self.batches = 0
+        """Sender passes that published something (``published / batches``: frames per pass)."""
+        self.published = 0
+
+    async def start(self) -> None:
+        """Subscribe to the inbox and start the sender and the watchdog (once)."""
+        if self._sub is not None:
+            return
+        prefix = f"{self.nc.new_inbox()}."
+        self._sub = await self.nc.subscribe(f"{prefix}*", cb=self._on_ack)
+        self.prefix = prefix
+        self._tasks = [asyncio.create_task(self._send()), asyncio.create_task(self._watch())]
+        for task in self._tasks:
+            task.add_done_callback(_log_crash)
+
+    async def stop(self) -> None:
+        """Stop the sender and the watchdog, and the inbox subscription."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:  # noqa: BLE001 — NATS away or closed: the subscription goes with it
+                pass
+            self._sub = None
+
+    def join(self, publisher: ShardPublisher) -> None:
+        """Watch ``publisher``'s frames in flight from now on."""
+        self._publishers.add(publisher)
+
+    def leave(self, publisher: ShardPublisher) -> None:
+        self._publishers.discard(publisher)
+        self._ready.pop(publisher, None)
+
+    def waiting(self) -> int:
+        """Frames published and not acknowledged (nor forgotten) yet."""
+        return len(self._waiting)
+
+    def ready(self, publisher: ShardPublisher) -> None:
+        """``publisher`` has frames to send: the sender takes them in its next pass."""
+        self._ready[publisher] = None
+        self._wake.set()
+
+    def forget(self, token: str | None) -> None:
+        """Stop waiting for the acknowledgement of ``token``; one that still comes is dropped."""
+        if token is not None:
+            self._waiting.pop(token, None)
+
+    async def publish(self, publisher: ShardPublisher, entry: InFlight) -> None:
+        """Publish one frame with a reply subject of the inbox (its token kept on ``entry``).
+        Raises what nats-py raises; the caller marks the frame failed."""
+        token = f"{next(self._numbers):x}"
+        entry.token = token
+        self._waiting[token] = (publisher, entry)
+        item = entry.item
+        nc = self.nc
+        try:
+            if item.headers or len(item.data) > nc.max_payload - HEADER_ROOM or not nc.is_connected:
+                await self.flush()  # what this pass queued goes first: the order holds
+                await nc.publish(item.subject, item.data, reply=self.prefix + token,
+                                 headers={"Nats-Msg-Id": item.msg_id, **item.headers})
+            else:
+                self._batch.append(hpub(item.subject, self.prefix + token, item.msg_id, item.data))
+        except BaseException:
+            self._waiting.pop(token, None)
+            raise
+
+    async def flush(self) -> None:
+        """Hand what :meth:`publish` queued to nats-py as one command, and its flusher the
+        write (once per pass). Joined here: nats-py's ``writelines`` of many small commands
+        cost more than the join (uvloop, py-spy)."""
+        if self._batch:
+            batch, self._batch = self._batch, []
+            await self.nc._send_command(b"".join(batch))
+            await self.nc._flush_pending()
+
+    async def _send(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            # Nothing issued while NATS is away: nats-py would buffer it and could send it after
+            # an earlier frame that a recovery is about to publish again (out of order).
+            # Polled: nats-py has no "connected again" event.
+            while not self.nc.is_connected:  # noqa: ASYNC110
+                await asyncio.sleep(CONNECTED_POLL_S)
+            ready, self._ready = self._ready, {}
+            sent = 0
+            for publisher in ready:
+                sent += await publisher.send_queued()
+            await self.flush()
+            if sent:
+                self.batches += 1
+                self.published += sent
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(WATCH_EVERY_S, self.ack_timeout_s / 4))
+            late = loop.time() - self.ack_timeout_s
+            for publisher in list(self._publishers):
+                publisher.check_overdue(late)
+
+    async def _on_ack(self, msg: Msg) -> None:
+        got = self._waiting.pop(msg.subject[len(self.prefix):], None)
+        if got is None:
+            return
+        publisher, entry = got
+        publisher.acknowledged(entry, _ack_error(msg))
+
+
+def hpub(subject: str, reply: str, msg_id: str, data: bytes) -> bytes:
+    """A frame's HPUB command, as ``Client.publish`` would write it with its one header.
+
+    Built here because nats-py's own path costs more than the rest of a frame's publishing
+    (subject checks with a regular expression, headers rebuilt a byte at a time: about 12 % of
+    the gateway's CPU with 1,000 shards, py-spy): every subject a frame goes to was already
+    checked whole (``shared.subjects``), and a message id is a shard name and numbers."""
+    head = b"NATS/1.0\r\nNats-Msg-Id: %s\r\n\r\n" % msg_id.encode()
+    return b"HPUB %s %s %d %d\r\n%s%s\r\n" % (subject.encode(), reply.encode(), len(head),
+                                                   len(head) + len(data), head, data)
+
+
+def _ack_error(msg: Msg) -> Exception | None:
+    """None for JetStream's "stored" answer, else the error it means."""
+    if msg.headers and msg.headers.get(nats.js.api.Header.STATUS) == NO_RESPONDERS:
+        return nats.js.errors.NoStreamResponseError()
+    data = msg.data
+    if data.startswith(b'{"stream":') and b'"error"' not in data:
+        return None  # the common answer, {"stream":…,"seq":…}, without a JSON parse
+    try:
+        answer = json.loads(data)
+        error = answer.get("error") if isinstance(answer, dict) else "not a JSON object"
+        if error is None:
+            return None
+        if isinstance(error, dict) and "code" in error:
+            nats.js.errors.APIError.from_error(error)  # raises the error's class
+        return nats.js.errors.APIError(description=str(error)[:ERROR_CHARS])
+    except Exception as exc:  # noqa: BLE001 — the frame is published again: its recovery decides
+        return exc
+
+
+def _log_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("publish pipeline stopped", exc_info=task.exception())
