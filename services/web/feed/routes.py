@@ -34,6 +34,10 @@ router = APIRouter()
 SSE_CHUNK_BYTES = 64 * 1024
 """Events already queued are written to an SSE client together, up to about this much."""
 
+WS_BATCH_BYTES = 64 * 1024
+"""Events already queued are taken for a WebSocket client together, up to about this much
+(written one message each): one wake-up of its writer for many (bench/web_feed.py)."""
+
 SSE_RETRY_MS = 2000
 """How long a browser's EventSource waits before reconnecting (sent as ``retry:``)."""
 
@@ -148,12 +152,14 @@ async def feed_ws(websocket: WebSocket) -> None:
         async def send(batch: list[FeedEvent]) -> None:
             for event in batch:
                 await websocket.send_text(event.text)
+                client.last_seq = event.seq  # a batch cut short still leaves the right cursor
 
         async def gone() -> None:
             while (await websocket.receive())["type"] != "websocket.disconnect":
                 pass  # what a client sends is not read: the feed is one way
 
-        dropped = await hub.serve(client, send, None, gone)
+        # Events already queued go out in one wake-up of the writer (one message each still).
+        dropped = await hub.serve(client, send, None, gone, WS_BATCH_BYTES)
         if dropped:
             code = 1001 if hub.stopping.is_set() else 1008
             with contextlib.suppress(Exception):
