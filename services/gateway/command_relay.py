@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from services.gateway import command_plane
+from services.gateway import command_plane, nats_protocol
 from services.gateway.command_plane import CommandRejected
 from services.gateway.counts import GatewayCounts
 from services.gateway.link import ShardLink, Waiting
@@ -57,8 +58,11 @@ class CommandRelay:
     gateway answers by itself, ``{"status", "error"}``."""
 
     def __init__(self, nc: Client, timeout_s: float, max_pending: int = 1000,
-                 counts: GatewayCounts | None = None) -> None:
+                 counts: GatewayCounts | None = None, post: Callable[[bytes], None] | None = None) -> None:
         self.nc = nc
+        self.post = post
+        """Adds a protocol command to the publish pipeline's next write (None: replies go
+        through ``Client.publish`` one by one)."""
         self.counts = counts or GatewayCounts()
         self.timeout_s = timeout_s
         self.max_pending = max_pending
@@ -124,6 +128,19 @@ class CommandRelay:
         """Send the caller its reply (nats-py queues it for this turn's write to NATS)."""
         await self._reply(reply.link, reply.waiting.reply, reply.waiting.headers, reply.waiting.verb, reply.data,
                           reply.status, reply.waiting)
+
+    def send_now(self, reply: Reply) -> bool:
+        """:meth:`send` without a task switch, in the pipeline's next write with the turn's other
+        replies and frames; False (nothing sent) when it must go through :meth:`send`."""
+        waiting = reply.waiting
+        if self.post is None or not self.nc.is_connected:
+            return False
+        command = nats_protocol.reply(waiting.reply, reply.data, waiting.headers, self.nc.max_payload)
+        if command is None:
+            return False
+        self._count(reply.status, waiting)
+        self.post(command)
+        return True
 
     async def answered(self, link: ShardLink, body: dict[str, Any], line: bytes) -> None:
         """:meth:`answer` and :meth:`send` in one."""
@@ -195,12 +212,15 @@ class CommandRelay:
                               waiting)
         return due
 
-    async def _reply(self, link: ShardLink, reply: str, headers: dict[str, str] | None, verb: str,
-                     data: bytes, status: int, waited: Waiting | None = None) -> None:
+    def _count(self, status: int, waited: Waiting | None) -> None:
         # Counted (commands_total, command_duration_seconds): a waiting command's deadline is
         # its start plus the timeout, so no start time is kept.
         self.counts.replied(status, None if waited is None else
                             asyncio.get_running_loop().time() - (waited.deadline - self.timeout_s))
+
+    async def _reply(self, link: ShardLink, reply: str, headers: dict[str, str] | None, verb: str,
+                     data: bytes, status: int, waited: Waiting | None = None) -> None:
+        self._count(status, waited)
         # What Msg.respond does (the request's headers go back with the reply), without a Msg.
         try:
             await self.nc.publish(reply, data, headers=headers)

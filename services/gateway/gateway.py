@@ -22,6 +22,7 @@ from services.gateway.connections import Connections
 from services.gateway.counts import GatewayCounts
 from services.gateway.intake import FrameIntake
 from services.gateway.link import ShardLink
+from services.gateway.pipeline import PublishPipeline
 from services.gateway.publisher import ShardPublisher
 from services.gateway.settings import GatewaySettings
 from services.gateway.streams import declare_streams
@@ -52,9 +53,12 @@ class Gateway:
             log.info("line cap lowered to fit NATS's max_payload",
                      extra={"max_line_bytes": settings.max_line_bytes, "line_cap": self.line_cap,
                             "max_payload": nc.max_payload})
-        self.commands = CommandRelay(nc, settings.command_timeout_s, settings.max_pending_commands, self.counts)
+        self.pipeline = PublishPipeline(nc, settings.publish_ack_timeout_s)
+        """Every frame's publish and acknowledgement, and the commands' replies, in one write a pass."""
+        self.commands = CommandRelay(nc, settings.command_timeout_s, settings.max_pending_commands, self.counts,
+                                     self.pipeline.post)
         self.intake = FrameIntake(nc, self.js, settings, self.boards, self.links, self.commands, self._spawn,
-                                  self.counts)
+                                  self.counts, self.pipeline)
         self.connections = Connections(nc, settings, self.line_cap, self.links, self.intake,
                                        self.commands, self._spawn, self.counts)
 
@@ -66,7 +70,7 @@ class Gateway:
     async def start(self) -> None:
         """Declare the streams and the boards' buckets, and answer board reads and news."""
         await declare_streams(self.js, self.settings)
-        await self.intake.pipeline.start()
+        await self.pipeline.start()
         await self.boards.declare()
         await self.boards.serve()
 

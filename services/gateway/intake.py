@@ -45,14 +45,14 @@ class FrameIntake:
 
     def __init__(self, nc: Client, js: JetStreamContext, settings: GatewaySettings, boards: BoardStore,
                  links: Mapping[str, ShardLink], commands: CommandRelay, spawn: Spawn,
-                 counts: GatewayCounts | None = None) -> None:
+                 counts: GatewayCounts | None = None, pipeline: PublishPipeline | None = None) -> None:
         self.nc, self.js, self.settings, self.boards = nc, js, settings, boards
         self.links = links
         self.commands = commands
         self.spawn = spawn
         self.counts = counts or GatewayCounts()
         self.publishers: dict[str, ShardPublisher] = {}
-        self.pipeline = PublishPipeline(nc, settings.publish_ack_timeout_s)
+        self.pipeline = pipeline or PublishPipeline(nc, settings.publish_ack_timeout_s)
         """Sends every shard's queued frames and takes their acknowledgements (one task, one inbox)."""
 
     def publisher(self, shard: str) -> ShardPublisher:
@@ -119,8 +119,9 @@ class FrameIntake:
         link.frames += 1
         frame = Outgoing(subjects.frame(shard, item.kind), line, msg_id, ack_seq=ack_seq)
         publisher = self.publisher(shard)
-        if reply is not None or not publisher.has_room(frame):
+        if not publisher.has_room(frame) or (reply is not None and not self.commands.send_now(reply)):
             return self._take_rest(link, item.kind, item.body, line, msg_id, frame, reply)
+        # A reply (sent now) and its frame go out in the pipeline's next write: one system call.
         publisher.put_nowait(frame)
         if item.kind not in RULES_BY_KIND:
             return None  # most frames: no board
