@@ -40,7 +40,7 @@ CONNECTED_POLL_S = 0.05
 NO_RESPONDERS = "503"
 """The status header of NATS's "no responders": no stream takes the subject."""
 
-WATCH_EVERY_S = 0.1
+WATCH_EVERY_S = 0.5
 """How often the watchdog looks for acknowledgements overdue (at most this late)."""
 
 HEADER_ROOM = 4096
