@@ -15,6 +15,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.errors import ServerErrorMiddleware
+from starlette.types import ASGIApp
 
 from services.web import installer_routes, ledger_routes
 from services.web.auth import Tokens
@@ -24,7 +26,7 @@ from services.web.feed import routes as feed_routes
 from services.web.relay import error
 from services.web.settings import WebSettings
 from services.web.sidecar import routes as sidecar_routes
-from services.web.sidecar.fast import FastSidecar
+from services.web.sidecar.fast import Front, SidecarCore, Table
 
 PROTOCOL_VERSION = 7
 """The shard protocol the door's sidecar routes speak (the sidecar seed's PROTOCOL_VERSION)."""
@@ -48,11 +50,31 @@ class BodyCap:
         await self.app(scope, receive, send)
 
 
-def build_http_app(settings: WebSettings, nc: Any = None) -> FastAPI:
+class DoorApp(FastAPI):
+    """FastAPI with the sidecar's routes served in front of it (sidecar/fast.py): through the
+    door's own middleware (``user_middleware``: body cap, metrics) and the same 500, without
+    FastAPI's other layers."""
+
+    sidecar: Table | None = None
+
+    def build_middleware_stack(self) -> ASGIApp:
+        full = super().build_middleware_stack()
+        if self.sidecar is None:
+            return full
+        fast: ASGIApp = SidecarCore()
+        for middleware in reversed(self.user_middleware):
+            fast = middleware.cls(fast, *middleware.args, **middleware.kwargs)
+        handlers = self.exception_handlers  # the one FastAPI gives its own ServerErrorMiddleware
+        handler = handlers.get(HTTPStatus.INTERNAL_SERVER_ERROR) or handlers.get(Exception)
+        fast = ServerErrorMiddleware(fast, handler=handler, debug=self.debug)
+        return Front(full, fast, self.sidecar, self)
+
+
+def build_http_app(settings: WebSettings, nc: Any = None) -> DoorApp:
     """The door's ASGI app. ``nc`` (a connected nats-py client) may be set later, as
     ``app.state.nc``, once NATS is reached."""
 
-    app = FastAPI(title="shardbus web door", version=str(PROTOCOL_VERSION),
+    app = DoorApp(title="shardbus web door", version=str(PROTOCOL_VERSION),
                   description="The shard sidecar's HTTP API (protocol 7), the ledger and installer "
                   "over HTTP, and the live feed. See docs/web.md.")
     app.state.settings = settings
@@ -72,9 +94,8 @@ def build_http_app(settings: WebSettings, nc: Any = None) -> FastAPI:
         return error(HTTPStatus.BAD_REQUEST, "invalid request: " + "; ".join(parts))
 
     # The sidecar's routes first: the drop-in path is the hot one, and routes match in order.
-    # FastSidecar serves them (FastAPI's route path cost more than the call: sidecar/fast.py);
-    # inside the body cap and the metrics, as any route.
-    app.add_middleware(FastSidecar, table=sidecar_routes.register(app.router))
+    # DoorApp serves them from a table (FastAPI's route path cost more than the call).
+    app.sidecar = sidecar_routes.register(app.router)
     app.add_middleware(BodyCap, limit=settings.web_max_body_bytes)
 
     @app.get("/health", include_in_schema=False)

@@ -1,12 +1,13 @@
 """The sidecar's routes answered without FastAPI's per-request machinery.
 
-Profiled (docs/performance.md, "Web door"): FastAPI's route path (router scan, exception and
-exit-stack wrappers, dependency solving) cost the door more per request than its NATS call.
-:class:`FastSidecar` is pure ASGI middleware inside the door's own (body cap, metrics): a
-request whose method and path are a sidecar route's is looked up in a table and given to that
-route's own endpoint, with the route's auth checked first, as FastAPI would. Anything else
-(other paths, methods, a trailing slash) goes on to FastAPI unchanged. The routes stay
-registered with FastAPI too, so the OpenAPI document is generated exactly as before.
+Profiled (docs/performance.md, "Web door"): FastAPI's route path (its telemetry and body-limit
+middleware, router scan, exception and exit-stack wrappers, dependency solving) cost the door
+more per request than its NATS call. :class:`Front` looks a request's method and path up in a
+table of the sidecar's routes and hands a match to the door's own middleware (the same body
+cap, metrics and 500 as every route) around that route's own endpoint, with the route's auth
+checked first, as FastAPI would. Anything else (other paths and methods, a trailing slash)
+goes to FastAPI's stack unchanged. The routes stay registered with FastAPI too, so the OpenAPI
+document is generated exactly as before.
 """
 
 from __future__ import annotations
@@ -69,25 +70,37 @@ class Table:
         return None if target is None else (target, params)
 
 
-class FastSidecar:
-    """Pure ASGI middleware: the sidecar's routes from :class:`Table`, the rest to ``app``."""
+class SidecarCore:
+    """Answers a request :class:`Front` found in the table (``scope["endpoint"]``): the routes'
+    auth first, as FastAPI's dependency would, then the route's own endpoint."""
 
-    def __init__(self, app: Any, table: Table) -> None:
-        self.app, self.table = app, table
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        request = Request(scope, receive)
+        try:
+            await website(request)
+            response = await scope["endpoint"](request, **scope["path_params"])
+        except HTTPException as exc:  # as the app's handler answers it (http_app.py)
+            response = error(exc.status_code, str(exc.detail), dict(exc.headers) if exc.headers else None)
+        await response(scope, receive, send)
+
+
+class Front:
+    """The door's outermost ASGI app: a sidecar route goes to ``fast`` (the door's own
+    middleware — body cap, metrics, the 500 — around :class:`SidecarCore`), all else to
+    ``full`` (FastAPI's whole stack)."""
+
+    def __init__(self, full: Any, fast: Any, table: Table, app: Any) -> None:
+        self.full, self.fast, self.table, self.app = full, fast, table, app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         found = None
         if scope["type"] == "http" and not scope.get("root_path"):
             found = self.table.find(scope["method"], scope["path"])
         if found is None:
-            await self.app(scope, receive, send)
+            await self.full(scope, receive, send)
             return
         target, params = found
-        scope["route"], scope["path_params"] = target.route, params
-        request = Request(scope, receive)
-        try:
-            await website(request)  # the routes' one dependency, first as FastAPI solves it
-            response = await target.endpoint(request, **params)
-        except HTTPException as exc:  # as the app's handler answers it (http_app.py)
-            response = error(exc.status_code, str(exc.detail), dict(exc.headers) if exc.headers else None)
-        await response(scope, receive, send)
+        # What Starlette's app and router would have put in the scope.
+        scope["app"], scope["route"], scope["endpoint"], scope["path_params"] = \
+            self.app, target.route, target.endpoint, params
+        await self.fast(scope, receive, send)
