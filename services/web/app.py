@@ -15,6 +15,7 @@ from faststream import FastStream
 
 from services.web import metrics
 from services.web.http_app import PROTOCOL_VERSION, build_http_app
+from services.web.http_wire import DoorHttp
 from services.web.settings import WebSettings
 from shared.broker import add_health, make_app, make_broker
 from shared.metrics import serve_metrics
@@ -73,7 +74,7 @@ def create_app(settings: WebSettings | None = None) -> FastStream:
         sock = listen_socket(settings.web_host, settings.web_port)
         host, port = sock.getsockname()[:2]
         state["url"] = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
-        config = uvicorn.Config(http, log_config=None, access_log=False, lifespan="off",
+        config = uvicorn.Config(http, log_config=None, access_log=False, lifespan="off", http=DoorHttp,
                                 # uvicorn annotates this int, but only passes it to asyncio.wait_for (seconds, a float)
                                 timeout_graceful_shutdown=STOP_GRACE_S,  # type: ignore[arg-type]
                                 ws_max_size=1024 * 1024,

@@ -17,6 +17,7 @@ import uvicorn
 
 from services.web.app import _Server, listen_socket
 from services.web.http_app import build_http_app
+from services.web.http_wire import DoorHttp
 from services.web.settings import WebSettings
 from tests.gateway.conftest import gateway, shard_sims, start_gateway  # noqa: F401 — fixtures
 
@@ -61,7 +62,7 @@ async def start_door(nats_url: str) -> AsyncIterator[StartDoor]:
         app = build_http_app(settings, nc)
         sock = listen_socket("127.0.0.1", 0)
         port = sock.getsockname()[1]
-        server = _Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
+        server = _Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", http=DoorHttp,
                                         timeout_graceful_shutdown=2))
         task = asyncio.create_task(server.serve(sockets=[sock]))
         started.append((server, task, nc))
