@@ -52,6 +52,9 @@ class Table:
             raise ValueError(f"{path}: the table takes one parameter at most, as the second segment")
         self._routes[(method, scoped, key)] = Target(route, endpoint, params[0] if params else None)
 
+    def targets(self) -> list[Target]:
+        return list(self._routes.values())
+
     def find(self, method: str, path: str) -> tuple[Target, dict[str, str]] | None:
         """The route and its path parameters, as Starlette would match them (a literal route
         before a parameter's: ``/world/save`` before ``/world/{run_id}``), or None."""
