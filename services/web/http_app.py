@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.errors import ServerErrorMiddleware
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.web import installer_routes, ledger_routes
 from services.web.auth import Tokens
@@ -53,21 +53,24 @@ class BodyCap:
 class DoorApp(FastAPI):
     """FastAPI with the sidecar's routes served in front of it (sidecar/fast.py): through the
     door's own middleware (``user_middleware``: body cap, metrics) and the same 500, without
-    FastAPI's other layers."""
+    FastAPI's other layers (its telemetry reads the environment on every request)."""
 
     sidecar: Table | None = None
+    _front: Front | None = None
 
-    def build_middleware_stack(self) -> ASGIApp:
-        full = super().build_middleware_stack()
-        if self.sidecar is None:
-            return full
-        fast: ASGIApp = SidecarCore()
-        for middleware in reversed(self.user_middleware):
-            fast = middleware.cls(fast, *middleware.args, **middleware.kwargs)
-        handlers = self.exception_handlers  # the one FastAPI gives its own ServerErrorMiddleware
-        handler = handlers.get(HTTPStatus.INTERNAL_SERVER_ERROR) or handlers.get(Exception)
-        fast = ServerErrorMiddleware(fast, handler=handler, debug=self.debug)
-        return Front(full, fast, self.sidecar, self)
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.sidecar is None or scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        if self._front is None:  # at the first request: the middleware is all added by then
+            fast: ASGIApp = SidecarCore()
+            for middleware in reversed(self.user_middleware):
+                fast = middleware.cls(fast, *middleware.args, **middleware.kwargs)
+            handlers = self.exception_handlers  # the one FastAPI gives its own ServerErrorMiddleware
+            handler = handlers.get(HTTPStatus.INTERNAL_SERVER_ERROR) or handlers.get(Exception)
+            fast = ServerErrorMiddleware(fast, handler=handler, debug=self.debug)
+            self._front = Front(super().__call__, fast, self.sidecar, self)
+        await self._front(scope, receive, send)
 
 
 def build_http_app(settings: WebSettings, nc: Any = None) -> DoorApp:

@@ -88,9 +88,8 @@ class SidecarCore:
 
 
 class Front:
-    """The door's outermost ASGI app: a sidecar route goes to ``fast`` (the door's own
-    middleware — body cap, metrics, the 500 — around :class:`SidecarCore`), all else to
-    ``full`` (FastAPI's whole stack)."""
+    """The door's front: a sidecar route goes to ``fast`` (the door's own middleware — body
+    cap, metrics, the 500 — around :class:`SidecarCore`), all else to ``full`` (FastAPI)."""
 
     def __init__(self, full: Any, fast: Any, table: Table, app: Any) -> None:
         self.full, self.fast, self.table, self.app = full, fast, table, app
