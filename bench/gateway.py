@@ -238,23 +238,31 @@ async def until_answered(nc: nats.NATS, subject: str) -> None:
                 await asyncio.sleep(0.1)
 
 
-async def commands(nats_url: str, port: int, gateway_pid: int | None = None) -> tuple[float, float, float, float]:
-    """Round trips/s, p50 ms, p99 ms, and the gateway process's CPU µs per command (0 when
-    ``gateway_pid`` is not given): CPU time is steadier than latency on a busy machine."""
+async def commands(nats_url: str, port: int, gateway_pid: int | None = None,
+                   nats_pid: int | None = None) -> tuple[float, float, float, dict[str, float]]:
+    """Round trips/s, p50 ms, p99 ms, and the CPU µs per command of each process on the path
+    (gateway, nats-server, the shard simulator, the bench's client): CPU time is steadier than
+    latency on a busy machine, and says which process bounds the round trip."""
     nc = await nats.connect(nats_url)
     shard = f"cmd{uuid.uuid4().hex[:8]}"
     sim = start_shard_sim(port, shard)
     subject = subjects.command(shard, "item.catalog")
+    pids = {"gateway": gateway_pid, "nats_server": nats_pid, "shard_sim": sim.pid, "client": os.getpid()}
     try:
         await until_answered(nc, subject)
-        return await _command_rounds(nc, subject, gateway_pid)
+        return await _command_rounds(nc, subject, pids)
     finally:
         embedded.stop_process(sim)
         await nc.close()
 
 
+def cpu_split(pids: dict[str, int | None]) -> dict[str, float]:
+    return {name: cpu_s([pid]) for name, pid in pids.items() if pid}
+
+
 async def _command_rounds(nc: nats.NATS, subject: str,
-                          gateway_pid: int | None = None) -> tuple[float, float, float, float]:
+                          pids: dict[str, int | None]) -> tuple[float, float, float, dict[str, float]]:
+    gateway_pid = pids.get("gateway")
 
     async def request() -> None:
         # Checked without parsing the whole reply: the raw baseline parses nothing either,
@@ -263,16 +271,17 @@ async def _command_rounds(nc: nats.NATS, subject: str,
         assert data.startswith(b'{"status":200,'), data[:200]
 
     await round_trips(request, 500)  # warm-up
-    cpu_before = cpu_s([gateway_pid]) if gateway_pid else 0.0
+    before = cpu_split(pids)
     spy = await _profile(gateway_pid, 2) if gateway_pid and os.environ.get("BENCH_PROFILE") else None
-    rps, p50, p99 = await round_trips(request, COMMANDS if spy is None else COMMANDS * 4)
+    count = COMMANDS if spy is None else COMMANDS * 4
+    rps, p50, p99 = await round_trips(request, count)
     if spy is not None:
         await spy.wait()
-    cpu_us = (cpu_s([gateway_pid]) - cpu_before) * 1e6 / COMMANDS if gateway_pid else 0.0
-    return rps, p50, p99, cpu_us
+    after = cpu_split(pids)
+    return rps, p50, p99, {name: round((after[name] - before[name]) * 1e6 / count, 1) for name in before}
 
 
-async def raw_requests(nats_url: str) -> tuple[float, float, float]:
+async def raw_requests(nats_url: str, nats_pid: int | None = None) -> tuple[float, float, float, dict[str, float]]:
     nc = await nats.connect(nats_url)
     subject = f"bench.echo.{uuid.uuid4().hex[:8]}"
     responder = subprocess.Popen([sys.executable, "-c", ECHO_RESPONDER, nats_url, subject],
@@ -283,9 +292,13 @@ async def raw_requests(nats_url: str) -> tuple[float, float, float]:
     async def request() -> None:
         await nc.request(subject, b"{}", timeout=10)
 
+    pids = {"nats_server": nats_pid, "responder": responder.pid, "client": os.getpid()}
     try:
         await round_trips(request, 500)
-        return await round_trips(request, COMMANDS)
+        before = cpu_split(pids)
+        rps, p50, p99 = await round_trips(request, COMMANDS)
+        after = cpu_split(pids)
+        return rps, p50, p99, {name: round((after[name] - before[name]) * 1e6 / COMMANDS, 1) for name in before}
     finally:
         embedded.stop_process(responder)
         await nc.close()
@@ -461,7 +474,7 @@ async def shards_phase(workdir: Path, nats_url: str, shards: int, rate: float, s
 
 
 async def measure(nats_url: str, port: int, frames: int, only: str = "all",
-                  gateway_pid: int | None = None) -> dict[str, float]:
+                  gateway_pid: int | None = None, nats_pid: int | None = None) -> dict[str, float]:
     """The single-shard phases: ``only`` "all" (ingest, latency, commands), "ingest" or "commands"."""
     results: dict[str, float] = {}
     if only in ("all", "ingest"):
@@ -480,11 +493,13 @@ async def measure(nats_url: str, port: int, frames: int, only: str = "all",
         print(f"latency at 1,000 f/s:   p50 {p50:.2f} ms  p99 {p99:.2f} ms")
         results.update({"latency_p50_ms_at_1k": round(p50, 3), "latency_p99_ms_at_1k": round(p99, 3)})
     if only in ("all", "commands"):
-        raw_rps, raw_p50, raw_p99 = await raw_requests(nats_url)
-        print(f"raw request/reply:      {raw_rps:10.0f} /s  p50 {raw_p50:.2f} ms  p99 {raw_p99:.2f} ms")
-        cmd_rps, cmd_p50, cmd_p99, cmd_cpu_us = await commands(nats_url, port, gateway_pid)
+        raw_rps, raw_p50, raw_p99, raw_cpu = await raw_requests(nats_url, nats_pid)
+        print(f"raw request/reply:      {raw_rps:10.0f} /s  p50 {raw_p50:.2f} ms  p99 {raw_p99:.2f} ms"
+              f"  CPU us/request {raw_cpu}")
+        cmd_rps, cmd_p50, cmd_p99, cmd_cpu = await commands(nats_url, port, gateway_pid, nats_pid)
+        cmd_cpu_us = cmd_cpu.get("gateway", 0.0)
         print(f"gateway commands:       {cmd_rps:10.0f} /s  p50 {cmd_p50:.2f} ms  p99 {cmd_p99:.2f} ms"
-              f"  ({cmd_p50 / raw_p50:.2f}x raw p50)  gateway CPU {cmd_cpu_us:.1f} us/command")
+              f"  ({cmd_p50 / raw_p50:.2f}x raw p50)  CPU us/command {cmd_cpu}")
         results.update({
             "command_round_trips_per_s": round(cmd_rps, 1),
             "command_p50_ms": round(cmd_p50, 3),
@@ -494,7 +509,13 @@ async def measure(nats_url: str, port: int, frames: int, only: str = "all",
             "raw_request_p99_ms": round(raw_p99, 3),
             "command_p50_ratio": round(cmd_p50 / raw_p50, 3),
             "command_gateway_cpu_us": round(cmd_cpu_us, 1),
+            "command_cpu_us_total": round(sum(cmd_cpu.values()), 1),
+            "raw_request_cpu_us_total": round(sum(raw_cpu.values()), 1),
         })
+        for name, us in cmd_cpu.items():
+            results[f"command_cpu_us_{name}"] = us
+        for name, us in raw_cpu.items():
+            results[f"raw_request_cpu_us_{name}"] = us
     return results
 
 
@@ -532,7 +553,7 @@ def main() -> int:
                 # Rounds interleaved: each measures raw, then the gateway, so a slow minute of the
                 # machine falls on both; the ratios' median is the figure.
                 gateway, port = start_gateway(workdir, server.url)
-                each = [asyncio.run(measure(server.url, port, args.frames, args.only, gateway.pid))
+                each = [asyncio.run(measure(server.url, port, args.frames, args.only, gateway.pid, server.proc.pid))
                         for _ in range(rounds)]
                 results.update(median_of_rounds(each))
                 embedded.stop_process(gateway)
