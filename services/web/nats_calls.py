@@ -4,7 +4,7 @@ The routes never see nats-py's exceptions: "no responders" (nobody subscribes: f
 commands, no gateway holds that shard) and a timeout become :class:`NoResponders` and
 :class:`NoAnswer`, a reply that is not a JSON object :class:`BadReply`, a request NATS cannot
 carry :class:`TooLarge` (checked before it is sent) and the door's NATS being away
-:class:`NatsAway`.
+:class:`NatsAway`. Every call's reply comes through one inbox subscription (mux.py).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from typing import Any
 
 import nats.errors
 from nats.aio.client import Client
+
+from services.web.mux import mux
 
 
 class CallFailed(Exception):
@@ -60,7 +62,7 @@ async def call(nc: Client, subject: str, body: Any, timeout: float,
     if len(payload) > limit:
         raise TooLarge(limit)
     try:
-        msg = await nc.request(subject, payload, timeout=timeout, headers=headers)
+        msg = await mux(nc).request(subject, payload, timeout, headers)
     except nats.errors.NoRespondersError as exc:
         raise NoResponders(subject) from exc
     except nats.errors.TimeoutError as exc:
