@@ -20,8 +20,9 @@ from services.gateway.boards import RULES_BY_KIND, Op, RosterAssembler, board_op
 from services.gateway.command_relay import CommandRelay, Reply
 from services.gateway.counts import BOARD_UNUSABLE, GatewayCounts, reason_label
 from services.gateway.link import ShardLink
+from services.gateway.outgoing import Outgoing
 from services.gateway.pipeline import PublishPipeline
-from services.gateway.publisher import REASON_CHARS, REASON_HEADER, Outgoing, ShardPublisher
+from services.gateway.publisher import REASON_CHARS, REASON_HEADER, ShardPublisher
 from services.gateway.settings import GatewaySettings
 from services.gateway.wire import DeadLetter, sort_line
 from shared import subjects

@@ -19,7 +19,7 @@ import asyncio
 import itertools
 import json
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import nats.js.api
 import nats.js.errors
@@ -28,9 +28,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from services.gateway.nats_protocol import hpub
-
-if TYPE_CHECKING:
-    from services.gateway.publisher import InFlight, ShardPublisher
+from services.gateway.outgoing import InFlight
 
 log = logging.getLogger("shardbus.gateway.publisher")
 
@@ -50,6 +48,16 @@ ERROR_CHARS = 300
 """Longest error text kept from an acknowledgement that is not JSON."""
 
 
+class ShardPublisher(Protocol):
+    """What the pipeline asks of a shard's publisher (``publisher.ShardPublisher``)."""
+
+    async def send_queued(self) -> int: ...
+
+    def acknowledged(self, entry: InFlight, error: Exception | None) -> None: ...
+
+    def check_overdue(self, sent_before: float, connection: int) -> None: ...
+
+
 class PublishPipeline:
     """The gateway's one sender, acknowledgement inbox and watchdog for all shard publishers."""
 
@@ -66,6 +74,7 @@ class PublishPipeline:
         self._publishers: set[ShardPublisher] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._batch: list[bytes] = []
+        self._batch_connection = 0
         """HPUB commands of this pass, not yet handed to nats-py."""
         self.batches = 0
         """Sender passes that published something (``published / batches``: frames per pass)."""
@@ -77,6 +86,16 @@ class PublishPipeline:
             return
         prefix = f"{self.nc.new_inbox()}."
         self._sub = await self.nc.subscribe(f"{prefix}*", cb=self._on_ack)
+        # nats-py calls its disconnected callback once the old connection is closed and before
+        # it reconnects (and flushes what it holds): chained here, whoever set it is still called.
+        previous = self.nc._disconnected_cb
+
+        async def on_disconnected() -> None:
+            self._forget_unsent()
+            if previous is not None:
+                await previous()
+
+        self.nc._disconnected_cb = on_disconnected
         self.prefix = prefix
         self._tasks = [asyncio.create_task(self._send()), asyncio.create_task(self._watch())]
         for task in self._tasks:
@@ -103,6 +122,11 @@ class PublishPipeline:
         self._publishers.discard(publisher)
         self._ready.pop(publisher, None)
 
+    def connection(self) -> int:
+        """Which connection to NATS this is: nats-py's count of reconnects (raised before it
+        counts as connected again)."""
+        return int(self.nc.stats["reconnects"])
+
     def waiting(self) -> int:
         """Frames published and not acknowledged (nor forgotten) yet."""
         return len(self._waiting)
@@ -126,15 +150,30 @@ class PublishPipeline:
         item = entry.item
         nc = self.nc
         try:
-            if item.headers or len(item.data) > nc.max_payload - HEADER_ROOM or not nc.is_connected:
+            if not nc.is_connected:
+                # Never into nats-py's reconnect buffer: it is sent before anything else once NATS
+                # is back, so a frame in it would be stored ahead of earlier ones lost with the old
+                # connection. The frame's recovery publishes it, in order, once NATS is back.
+                raise ConnectionError("NATS is not connected")
+            if item.headers or len(item.data) > nc.max_payload - HEADER_ROOM:
                 await self.flush()  # what this pass queued goes first: the order holds
                 await nc.publish(item.subject, item.data, reply=self.prefix + token,
-                                 headers={"Nats-Msg-Id": item.msg_id, **item.headers})
+                                 headers={"Nats-Msg-Id": item.msg_id, **(item.headers or {})})
             else:
+                if not self._batch:
+                    self._batch_connection = self.connection()
                 self._batch.append(hpub(item.subject, self.prefix + token, item.msg_id, item.data))
         except BaseException:
             self._waiting.pop(token, None)
             raise
+
+    def _forget_unsent(self) -> None:
+        """NATS is gone: what nats-py still holds for the dead connection is dropped (its
+        frames are in their shards' windows and go again, in order, once NATS is back; a
+        command reply in it was for a caller who will time out). Kept, it would be sent first
+        on the new connection, ahead of earlier frames that died in the old one's socket."""
+        self.nc._pending = []
+        self.nc._pending_data_size = 0
 
     def post(self, command: bytes) -> None:
         """Add a protocol command (a command's reply: ``nats_protocol.reply``) to the next pass's
@@ -148,6 +187,8 @@ class PublishPipeline:
         cost more than the join (uvloop, py-spy)."""
         if self._batch:
             batch, self._batch = self._batch, []
+            if not self.nc.is_connected or self.connection() != self._batch_connection:
+                return  # NATS went away meanwhile: its frames' recovery sends them (see publish)
             await self.nc._send_command(b"".join(batch))
             await self.nc._flush_pending()
 
@@ -174,8 +215,9 @@ class PublishPipeline:
         while True:
             await asyncio.sleep(min(WATCH_EVERY_S, self.ack_timeout_s / 4))
             late = loop.time() - self.ack_timeout_s
+            connection = self.connection()
             for publisher in list(self._publishers):
-                publisher.check_overdue(late)
+                publisher.check_overdue(late, connection)
 
     async def _on_ack(self, msg: Msg) -> None:
         got = self._waiting.pop(msg.subject[len(self.prefix):], None)

@@ -16,12 +16,12 @@ import ctypes
 import logging
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
 
+from services.gateway.outgoing import FAILED, STORED, WAITING, InFlight, Outgoing
 from services.gateway.pipeline import CONNECTED_POLL_S, PublishPipeline
 
 log = logging.getLogger("shardbus.gateway.publisher")
@@ -49,34 +49,6 @@ def refuses_the_message(error: Exception) -> bool:
         return True
     code = getattr(error, "code", None)
     return isinstance(error, nats.js.errors.APIError) and isinstance(code, int) and 400 <= code < 500
-
-
-@dataclass
-class Outgoing:
-    """One message to JetStream: subject, exact bytes, de-duplication id, extra headers,
-    and the shard's ``seq`` to acknowledge once it is stored (if it had one)."""
-
-    subject: str
-    data: bytes
-    msg_id: str
-    headers: dict[str, str] = field(default_factory=dict)
-    ack_seq: int | None = None
-
-
-WAITING, STORED, FAILED = 0, 1, 2
-"""States of a frame in flight."""
-
-
-@dataclass(slots=True, eq=False)
-class InFlight:
-    """A frame published and not yet taken off its shard's window: its token in the pipeline's
-    inbox, when it was sent (the event loop's clock), and what its acknowledgement said."""
-
-    item: Outgoing
-    sent_at: float
-    token: str | None = None
-    state: int = WAITING
-    error: Exception | None = None
 
 
 class ShardPublisher:
@@ -179,8 +151,11 @@ class ShardPublisher:
         how many."""
         sent = 0
         loop = asyncio.get_running_loop()
+        connection = self.pipeline.connection()
+        if self._lost_with_a_connection(connection):
+            return 0
         while self.queue and len(self._in_flight) < self.window and self._recovery is None and not self._stopped:
-            entry = InFlight(self.queue.popleft(), loop.time())
+            entry = InFlight(self.queue.popleft(), loop.time(), connection)
             self._in_flight.append(entry)
             sent += 1
             try:
@@ -208,11 +183,26 @@ class ShardPublisher:
         if self.queue and not self._stopped:
             self.pipeline.ready(self)
 
-    def check_overdue(self, sent_before: float) -> None:
+    def check_overdue(self, sent_before: float, connection: int) -> None:
         """Recover when the oldest frame in flight was sent before ``sent_before`` and is still
-        not acknowledged (the pipeline's watchdog calls this)."""
+        not acknowledged, or on a connection to NATS since lost (the pipeline's watchdog)."""
+        if self._lost_with_a_connection(connection):
+            return
         if self._in_flight and self._recovery is None and self._in_flight[0].sent_at < sent_before:
             self._recover(TimeoutError(f"no acknowledgement within {self.ack_timeout_s} s"))
+
+    def _lost_with_a_connection(self, connection: int) -> bool:
+        """Frames still in flight from before NATS reconnected may have died with the old
+        connection (written to its socket, never read): they are published again, in order,
+        before any later frame, or a later frame would be stored ahead of them. (The
+        acknowledgement timeout alone came too late: the sender had already published newer
+        frames on the new connection; tests/gateway/test_pipeline.py.) True when recovering."""
+        if self._recovery is not None:
+            return True
+        if self._in_flight and self._in_flight[0].connection != connection:
+            self._recover(ConnectionError("NATS reconnected; frames in flight on the old connection are sent again"))
+            return True
+        return False
 
     def _recover(self, exc: Exception) -> None:
         for entry in self._in_flight:
@@ -234,7 +224,7 @@ class ShardPublisher:
             await asyncio.sleep(CONNECTED_POLL_S)
 
     def _headers(self, item: Outgoing) -> dict[str, str]:
-        return {"Nats-Msg-Id": item.msg_id, **item.headers}
+        return {"Nats-Msg-Id": item.msg_id, **(item.headers or {})}
 
     async def _republish_in_order(self, exc: Exception) -> None:
         """Publish every unacknowledged message again, one at a time, in order."""
