@@ -90,6 +90,10 @@ class _Workers:
         return self._built
 
 
+STOP_JOBS_S = 10.0
+"""How long the periodic jobs get to end when the service stops."""
+
+
 def create_app(settings: CleanupSettings | None = None) -> FastStream:
     """The cleanup service as a FastStream app: run it with ``shardbus run cleanup``."""
     settings = settings or CleanupSettings()
@@ -207,9 +211,17 @@ def create_app(settings: CleanupSettings | None = None) -> FastStream:
 
     @app.on_shutdown
     async def stop_periodic() -> None:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # Cancelled again until they end, within STOP_JOBS_S: Python 3.11's wait_for (under
+        # nats-py's request) can swallow a cancellation that lands as its reply does, and the
+        # job then goes on to its next sleep, an hour long (seen once: a test's teardown hung).
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STOP_JOBS_S
+        while (running := [task for task in tasks if not task.done()]) and loop.time() < deadline:
+            for task in running:
+                task.cancel()
+            await asyncio.wait(running, timeout=0.5)
+        if running:
+            log.warning("periodic jobs did not stop", extra={"jobs": len(running)})
 
     add_health(app, broker, "cleanup", settings)
     serve_metrics(app, broker, "cleanup", settings, metrics.collector(workers.counts))
