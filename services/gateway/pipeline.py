@@ -19,7 +19,7 @@ import asyncio
 import itertools
 import json
 import logging
-from typing import Protocol
+from typing import Any, Protocol
 
 import nats.js.api
 import nats.js.errors
@@ -74,8 +74,11 @@ class PublishPipeline:
         self._publishers: set[ShardPublisher] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._batch: list[bytes] = []
+        """Protocol commands of this pass (frames' HPUB, replies), not yet handed to nats-py."""
         self._batch_connection = 0
-        """HPUB commands of this pass, not yet handed to nats-py."""
+        """The connection to NATS the batch's first command was made for."""
+        self._previous_disconnected_cb: Any = None
+        self._on_disconnected: Any = None
         self.batches = 0
         """Sender passes that published something (``published / batches``: frames per pass)."""
         self.published = 0
@@ -88,13 +91,14 @@ class PublishPipeline:
         self._sub = await self.nc.subscribe(f"{prefix}*", cb=self._on_ack)
         # nats-py calls its disconnected callback once the old connection is closed and before
         # it reconnects (and flushes what it holds): chained here, whoever set it is still called.
-        previous = self.nc._disconnected_cb
+        previous = self._previous_disconnected_cb = self.nc._disconnected_cb
 
         async def on_disconnected() -> None:
             self._forget_unsent()
             if previous is not None:
                 await previous()
 
+        self._on_disconnected = on_disconnected
         self.nc._disconnected_cb = on_disconnected
         self.prefix = prefix
         self._tasks = [asyncio.create_task(self._send()), asyncio.create_task(self._watch())]
@@ -107,6 +111,8 @@ class PublishPipeline:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        if self._sub is not None and self.nc._disconnected_cb is self._on_disconnected:
+            self.nc._disconnected_cb = self._previous_disconnected_cb
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()
@@ -121,6 +127,11 @@ class PublishPipeline:
     def leave(self, publisher: ShardPublisher) -> None:
         self._publishers.discard(publisher)
         self._ready.pop(publisher, None)
+
+    async def connected(self) -> None:
+        """Return once NATS is connected. Polled: nats-py has no "connected again" event."""
+        while not self.nc.is_connected:  # noqa: ASYNC110
+            await asyncio.sleep(CONNECTED_POLL_S)
 
     def connection(self) -> int:
         """Which connection to NATS this is: nats-py's count of reconnects (raised before it
@@ -160,9 +171,7 @@ class PublishPipeline:
                 await nc.publish(item.subject, item.data, reply=self.prefix + token,
                                  headers={"Nats-Msg-Id": item.msg_id, **(item.headers or {})})
             else:
-                if not self._batch:
-                    self._batch_connection = self.connection()
-                self._batch.append(hpub(item.subject, self.prefix + token, item.msg_id, item.data))
+                self._add(hpub(item.subject, self.prefix + token, item.msg_id, item.data))
         except BaseException:
             self._waiting.pop(token, None)
             raise
@@ -178,8 +187,13 @@ class PublishPipeline:
     def post(self, command: bytes) -> None:
         """Add a protocol command (a command's reply: ``nats_protocol.reply``) to the next pass's
         write, without a task switch: the replies of a turn go out in one write with its frames."""
-        self._batch.append(command)
+        self._add(command)
         self._wake.set()
+
+    def _add(self, command: bytes) -> None:
+        if not self._batch:
+            self._batch_connection = self.connection()
+        self._batch.append(command)
 
     async def flush(self) -> None:
         """Hand what :meth:`publish` queued to nats-py as one command, and its flusher the
@@ -198,9 +212,7 @@ class PublishPipeline:
             self._wake.clear()
             # Nothing issued while NATS is away: nats-py would buffer it and could send it after
             # an earlier frame that a recovery is about to publish again (out of order).
-            # Polled: nats-py has no "connected again" event.
-            while not self.nc.is_connected:  # noqa: ASYNC110
-                await asyncio.sleep(CONNECTED_POLL_S)
+            await self.connected()
             ready, self._ready = self._ready, {}
             sent = 0
             for publisher in ready:

@@ -22,7 +22,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 
 from services.gateway.outgoing import FAILED, STORED, WAITING, InFlight, Outgoing
-from services.gateway.pipeline import CONNECTED_POLL_S, PublishPipeline
+from services.gateway.pipeline import PublishPipeline
 
 log = logging.getLogger("shardbus.gateway.publisher")
 
@@ -218,11 +218,6 @@ class ShardPublisher:
             if self.queue and not self._stopped:
                 self.pipeline.ready(self)
 
-    async def _connected(self) -> None:
-        # Polled: nats-py has no "connected again" event, and its callbacks are the broker's.
-        while not self.nc.is_connected:  # noqa: ASYNC110
-            await asyncio.sleep(CONNECTED_POLL_S)
-
     def _headers(self, item: Outgoing) -> dict[str, str]:
         return {"Nats-Msg-Id": item.msg_id, **(item.headers or {})}
 
@@ -234,7 +229,7 @@ class ShardPublisher:
             item = self._in_flight[0].item
             refusals = 0
             while True:
-                await self._connected()
+                await self.pipeline.connected()
                 try:
                     await self.js.publish(item.subject, item.data, timeout=self.ack_timeout_s,
                                           headers=self._headers(item))

@@ -22,11 +22,13 @@ OUTAGE_S = 10.0
 
 @pytest.fixture
 def own_nats(tmp_path):
-    """A nats-server this test may kill and restart on the same port and store."""
+    """A nats-server this test may kill and restart on the same port and store (``restart``
+    stops the running one first, if the test has not)."""
     port = embedded.free_port()
     servers = [embedded.start_nats(tmp_path / "nats", port=port)]
 
     def restart() -> None:
+        servers[-1].stop()
         servers.append(embedded.start_nats(tmp_path / "nats", port=port))
 
     yield servers, restart

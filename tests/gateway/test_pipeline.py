@@ -10,6 +10,8 @@ import json
 
 import nats
 
+from services.gateway import nats_protocol
+from services.gateway.pipeline import PublishPipeline
 from shared import subjects
 from tests.gateway.conftest import wait_until
 from tests.gateway.test_listener import stored_frames
@@ -84,6 +86,27 @@ async def test_a_pass_cut_by_a_nats_outage_loses_nothing_and_repeats_nothing(own
         for sim in sims:
             got = await stored_frames(nc, sim.shard, 1501, timeout=30)
             assert moves(got) == list(range(1500)), runs(moves(got))  # in order, none lost, none stored twice
+    finally:
+        await nc.close()
+
+
+async def test_a_reply_that_opens_a_pass_after_nats_reconnected_is_sent(own_nats, unique):  # noqa: F811
+    servers, restart = own_nats
+    nc = await nats.connect(servers[0].url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    try:
+        got: asyncio.Queue = asyncio.Queue()
+        await nc.subscribe(f"r.{unique}", cb=got.put)
+        pipeline = PublishPipeline(nc, ack_timeout_s=1.0)
+        servers[0].stop()
+        restart()
+        await wait_until(lambda: nc.is_connected and nc.stats["reconnects"] >= 1, timeout=30)
+        await nc.flush(timeout=5)  # the subscription is the server's again
+        reply = nats_protocol.reply(f"r.{unique}", b'{"status":200}', None, nc.max_payload)
+        assert reply is not None
+        pipeline.post(reply)  # the first command of the pass, on the new connection
+        await pipeline.flush()
+        async with asyncio.timeout(5):
+            assert (await got.get()).data == b'{"status":200}'
     finally:
         await nc.close()
 

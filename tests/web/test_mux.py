@@ -11,27 +11,11 @@ import random
 from typing import Any
 
 import nats
-import pytest
 
-from shardbus import embedded
 from tests.gateway.conftest import wait_until
+from tests.gateway.test_no_loss import own_nats  # noqa: F401 — a fixture
 
 CALLS = 64
-
-
-@pytest.fixture
-def own_nats(tmp_path):
-    """A nats-server this test may stop and start again on the same port."""
-    port = embedded.free_port()
-    servers = [embedded.start_nats(tmp_path / "nats", port=port)]
-
-    def restart() -> None:
-        servers[-1].stop()
-        servers.append(embedded.start_nats(tmp_path / "nats", port=port))
-
-    yield servers, restart
-    for server in servers:
-        server.stop()
 
 
 async def gateway_standin(nc: nats.NATS, shard: str, replies: list[str], silent: str = "") -> Any:
@@ -98,7 +82,7 @@ async def test_a_call_that_times_out_disturbs_none_of_the_others(start_door, nc,
     assert one_inbox(replies)
 
 
-async def test_the_mux_works_on_after_nats_restarts(own_nats, start_door, unique):
+async def test_the_mux_works_on_after_nats_restarts(own_nats, start_door, unique):  # noqa: F811
     servers, restart = own_nats
     url = servers[0].url
     door = await start_door(nats_url=url)
