@@ -1,6 +1,6 @@
 """Ledger wiring: migrate on start, then answer every subject of the ledger's contract
-(docs/contracts.md) in the ``ledger`` queue group. Each change writes its update event to the
-outbox in its own statement; the outbox relay publishes it on ``ledger.events.run.<runId>``
+(docs/contracts.md) in the ``ledger`` queue group. Each change writes its update event as its
+run-log entry in its own statement (ADR 0009); the relay publishes it on ``ledger.events.run.<runId>``
 into the stream ``LEDGER_EVENTS``. The rules live in the plain modules this file calls."""
 
 from __future__ import annotations
@@ -116,13 +116,13 @@ def create_app(settings: LedgerSettings | None = None) -> FastStream:
 
     @app.after_startup
     async def relay_events() -> None:
-        # Events wait in the outbox until the stream takes them: a refusal (permissions, no
+        # Events wait in the run log until the stream takes them: a refusal (permissions, no
         # JetStream) is logged, and the relay keeps trying.
         try:
             await declare_events_stream(broker.connection.jetstream(), settings.jetstream_replicas,
                                         settings.events_duplicate_window_s)
-        except Exception as exc:  # noqa: BLE001  (any refusal: the events wait in the outbox)
-            log.warning("ledger events stream not declared; run events wait in the outbox",
+        except Exception as exc:  # noqa: BLE001  (any refusal: the events wait in the run log)
+            log.warning("ledger events stream not declared; run events wait in the run log",
                         extra={"stream": subjects.LEDGER_EVENTS_STREAM, "reason": repr(exc)})
         relay = OutboxRelay(db.url, broker.connection)
         relay.start()
@@ -174,7 +174,7 @@ async def watch_leases(db: Database, period_s: float) -> None:
 
 Answer = tuple[dict[str, Any] | bytes, list[Change]]
 """What a ledger action gives back: the reply's fields (or a whole reply, already encoded) and
-the changes it committed (their events are in the outbox)."""
+the changes it committed (their events are in the run log)."""
 
 
 def register_handlers(broker: NatsBroker, db: Database, concurrency: int,

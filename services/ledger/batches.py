@@ -1,7 +1,7 @@
 """The hot subjects' changes for many requests at once, one statement a batch: reserve or record
 (``queries/resources.py``: ADD_RESOURCES), confirm or fail (TRANSITIONS) and the one-row give-back
 outcomes (``queries/sweep.py``: OUTCOMES, which was a batch already). Each is the single-row statement
-over ``unnest`` arrays: the same guards, the same log entry and outbox event per changed row,
+over ``unnest`` arrays: the same guards, the same log entry (its update event) per changed row,
 all in one commit. A request the statement did not change is :data:`~services.ledger.coalescer.UNCHANGED`:
 the single-row path (``resources.py``, ``sweep.py``) answers it, with its replay, 409 or 404.
 
@@ -24,7 +24,7 @@ from services.ledger.sweep import outcome_params, outcome_rows
 from shared.contracts import ledger as c
 
 Answer = tuple[Json, list[Change]]
-"""A changed row and its change (its event is in the outbox)."""
+"""A changed row and its change (its event is its run-log entry)."""
 
 
 def _by(changes: list[Change], field: str) -> dict[Any, Change]:

@@ -3,7 +3,7 @@
 Counted where the ledger already counts: replies by subject and status (the dispatcher's for
 the hot subjects, :class:`shared.broker.CountReplies` for the rest), each coalescer's requests
 per statement, the relay's published events; read at scrape time by :func:`collector`, which
-also asks the database how many events wait in the outbox (one small query a scrape)."""
+also asks the database how many events wait for the relay (one small query a scrape)."""
 
 from __future__ import annotations
 

@@ -228,8 +228,8 @@ Json = dict[str, Any]
 
 @dataclass(frozen=True)
 class Change:
-    """One committed change. Its update event was written to the outbox by the statement
-    that made the change (``event_id`` is the outbox row); the relay publishes it."""
+    """One committed change. Its update event is the run-log entry the statement that made
+    the change wrote (``event_id`` is its id, ADR 0009); the relay publishes it."""
 
     type: str
     run: Json

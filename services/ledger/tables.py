@@ -131,7 +131,8 @@ class Resource(SQLModel, table=True):
 
 class RunLog(SQLModel, table=True):
     """The run log: what happened to a run and its resources, in order. Append-only and
-    without foreign keys (revision 0004 says why)."""
+    without foreign keys (revision 0004 says why). It is also the event source (ADR 0009): an
+    entry with ``run`` is the update event of its change, ``eventId`` its id."""
 
     __tablename__ = "run_log"
     __table_args__ = (Index("ix_run_log_run", "run_id", "id"),)
@@ -143,11 +144,30 @@ class RunLog(SQLModel, table=True):
     detail: dict[str, Any] = Field(default_factory=dict,
                                    sa_column=Column(JSONB, nullable=False, server_default=text("'{}'")))
     at: datetime | None = Field(default=None, sa_column=_now())
+    run: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    """The run as its wire JSON when the change committed (revision 0007; none: not an event)."""
+    resource: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    """The resource as its wire JSON, for a resource's change."""
+
+
+class Relay(SQLModel, table=True):
+    """One row: how far the relay has published the run log (ADR 0009)."""
+
+    __tablename__ = "ledger_relay"
+    __table_args__ = (CheckConstraint("id = 1", name="ck_ledger_relay_one_row"),)
+
+    id: int = Field(default=1, sa_column=Column(SmallInteger, primary_key=True, server_default="1"))
+    relayed_through: int = Field(sa_column=Column(BigInteger, nullable=False))
+    """Every event with an id up to this one is published, or was never committed."""
+    stream_after: int | None = Field(default=None, sa_column=Column(BigInteger))
+    """The stream's sequence after the last batch the relay finished: a relay taking over looks
+    for the batch a dead one published after it."""
 
 
 class Outbox(SQLModel, table=True):
-    """Update events not yet published: written in the statement that makes the change, read,
-    published and deleted by the relay (outbox_relay.py)."""
+    """Update events written before revision 0007 (or by a replica of older code during a
+    rolling upgrade) and not yet published: the relay publishes and deletes them before the
+    run log's events (ADR 0009)."""
 
     __tablename__ = "ledger_outbox"
 

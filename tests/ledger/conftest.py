@@ -105,6 +105,20 @@ async def log_kinds(db: asyncpg.Connection, run_id: str) -> list[str]:
     return [r["kind"] for r in await db.fetch("SELECT kind FROM run_log WHERE run_id = $1 ORDER BY id", run_id)]
 
 
+WAITING = ("SELECT count(*) FROM run_log l, ledger_relay w WHERE l.id > w.relayed_through AND l.run IS NOT NULL")
+"""Events the relay has not published yet."""
+
+
+async def none_waiting(db, timeout: float = 10.0) -> bool:
+    """Whether the relay's watermark passes every event within ``timeout``."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while await db.fetchval(WAITING):
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
 async def next_message(sub, timeout: float = 3.0):
     """The next message of a subscription, or a TimeoutError."""
     return await asyncio.wait_for(sub.next_msg(timeout=timeout), timeout + 1)

@@ -51,7 +51,7 @@ async def _entries(db: asyncpg.Connection, run_id: str) -> list[tuple[int, str, 
 
 async def _events(db: asyncpg.Connection, run_id: str) -> list[tuple[str, dict]]:
     return [(r["type"], json.loads(r["resource"])) for r in await db.fetch(
-        "SELECT type, resource FROM ledger_outbox WHERE run_id = $1 AND resource IS NOT NULL ORDER BY id", run_id)]
+        "SELECT kind AS type, resource FROM run_log WHERE run_id = $1 AND resource IS NOT NULL ORDER BY id", run_id)]
 
 
 def _stats(hot: HotActions, name: str) -> dict[str, int]:

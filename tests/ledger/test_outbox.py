@@ -1,7 +1,8 @@
-"""The transactional outbox: every change's update event is written in the statement that
-makes the change and reaches the stream LEDGER_EVENTS exactly once — also when the ledger is
-killed between the commit and the publish, and when a relay dies mid-batch long after
-JetStream's duplicate window."""
+"""The run log as the event source (ADR 0009, keeping ADR 0003's guarantees): every change's
+update event is the log entry written in the statement that makes the change and reaches the
+stream LEDGER_EVENTS exactly once — also when the ledger is killed between the commit and the
+publish, when a relay dies mid-batch long after JetStream's duplicate window, and when an
+entry commits after newer ones or never commits at all."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from services.ledger import outbox_relay
 from services.ledger.app import create_app
 from services.ledger.settings import LedgerSettings
 from shared import subjects
-from tests.ledger.conftest import LedgerClient, next_message, plain, wait_until_serving
+from tests.ledger.conftest import LedgerClient, next_message, none_waiting, plain, wait_until_serving
 from tests.processes import ServiceProcesses
 
 
@@ -66,6 +67,8 @@ async def ledger_id(db) -> str:
     return str(await db.fetchval("SELECT ledger_id FROM ledger_identity"))
 
 
+EVENTS_OF_RUN = "SELECT count(*) FROM run_log WHERE run_id = $1 AND run IS NOT NULL"
+
 async def make_changes(client: LedgerClient, run: str, creatures: int) -> int:
     """A run walked to its end with ``creatures`` reserved and confirmed; the events it made."""
     await client.run(run, "running")
@@ -86,7 +89,8 @@ def assert_exactly_once(found: list[tuple[dict[str, Any], str]], expected: int, 
     assert all(msg_id == f"{prefix}:{event['eventId']}" for event, msg_id in found)
 
 
-async def test_each_event_carries_its_id_reaches_the_stream_once_and_leaves_the_outbox(ledger, nc, db, unique):
+async def test_each_event_carries_its_id_reaches_the_stream_once_and_the_watermark_passes_it(ledger, nc, db,
+                                                                                            unique):
     run = f"r{unique}"
     live = await nc.subscribe(subjects.ledger_run_events(run))
     made = await make_changes(ledger, run, 3)
@@ -96,6 +100,9 @@ async def test_each_event_carries_its_id_reaches_the_stream_once_and_leaves_the_
     assert_exactly_once(found, made, await ledger_id(db))
     assert [e["type"] for e, _ in found][:4] == ["run.created", "run.status", "resource.recorded",
                                                  "resource.confirmed"]
+    entries = await db.fetch("SELECT id, kind FROM run_log WHERE run_id = $1 ORDER BY id", run)
+    assert [(e["id"], e["kind"]) for e in entries] == [(ev["eventId"], ev["type"]) for ev, _ in found]
+    assert await none_waiting(db)
     assert await db.fetchval("SELECT count(*) FROM ledger_outbox") == 0
     await live.unsubscribe()
 
@@ -103,17 +110,19 @@ async def test_each_event_carries_its_id_reaches_the_stream_once_and_leaves_the_
 async def test_a_change_and_its_event_commit_together_a_refusal_writes_none(nats_url, nc, ledger_db, db, unique):
     run = f"r{unique}"
     settings = LedgerSettings(nats_url=nats_url, database_url=ledger_db, db_pool_size=4)
-    async with relay_lock_held(ledger_db), create_app(settings):  # nothing leaves the outbox
+    async with relay_lock_held(ledger_db), create_app(settings):  # nothing is published
         await wait_until_serving(nc)
         ledger = LedgerClient(nc)
         await ledger.run(run, "completed")
-        assert await db.fetchval("SELECT count(*) FROM ledger_outbox") == 3
+        assert await db.fetchval(EVENTS_OF_RUN, run) == 3
         assert (await ledger.ask(subjects.LEDGER_RUN_STATUS, runId=run, status="running"))["status"] == 409
         assert (await ledger.record(run, "c1", reserve=True))["status"] == 409
-        assert await db.fetchval("SELECT count(*) FROM ledger_outbox") == 3
+        assert await db.fetchval(EVENTS_OF_RUN, run) == 3
         reply = await ledger.record(run, "c2")
-        row = await db.fetchrow("SELECT type, resource FROM ledger_outbox ORDER BY id DESC LIMIT 1")
-        assert row["type"] == "resource.recorded" and json.loads(row["resource"]) == reply["resource"]
+        row = await db.fetchrow("SELECT kind, resource FROM run_log ORDER BY id DESC LIMIT 1")
+        assert row["kind"] == "resource.recorded" and json.loads(row["resource"]) == reply["resource"]
+        # One row per change besides the resource: the log entry is the event, no outbox row.
+        assert await db.fetchval("SELECT count(*) FROM ledger_outbox") == 0
 
 
 @pytest.mark.timeout(120)
@@ -130,13 +139,13 @@ async def test_a_ledger_killed_between_commit_and_publish_loses_no_event_and_rep
             client = LedgerClient(nc)
             await wait_until_serving(nc)
             made = await make_changes(client, run, 10)
-            assert await db.fetchval("SELECT count(*) FROM ledger_outbox WHERE run_id = $1", run) == made
+            assert await db.fetchval(EVENTS_OF_RUN, run) == made
             procs.stop(victim, signal.SIGKILL)
         assert await stream_events(nc, run, 0, timeout=0) == []  # nothing left the killed ledger
         procs.start("ledger", database_url=ledger_db)
         found = await stream_events(nc, run, made)
         assert_exactly_once(found, made, await ledger_id(db))
-        assert await db.fetchval("SELECT count(*) FROM ledger_outbox") == 0
+        assert await none_waiting(db)
     finally:
         procs.stop_all()
 
@@ -144,10 +153,10 @@ async def test_a_ledger_killed_between_commit_and_publish_loses_no_event_and_rep
 @pytest.mark.timeout(60)
 async def test_a_relay_that_died_mid_batch_is_finished_without_repeats_after_the_duplicate_window(
         nats_url, nc, ledger_db, db, unique):
-    """A dead relay's state, made by hand: a batch claimed and its first half published with
-    the relay's message ids, the rest not, its rows still in the outbox. The duplicate window
-    is 0.2 s and has passed, so JetStream would take the half again: the next relay must find
-    it in the stream itself."""
+    """A dead relay's state, made by hand: its last finished batch ended at the stream's last
+    sequence, then the first half of the next batch was published with the relay's message
+    ids and the watermark not moved. The duplicate window is 0.2 s and has passed, so JetStream
+    would take the half again: the next relay must find it in the stream itself."""
     run = f"mid{unique}"
     settings = LedgerSettings(nats_url=nats_url, database_url=ledger_db, db_pool_size=4,
                               events_duplicate_window_s=0.2)
@@ -158,18 +167,18 @@ async def test_a_relay_that_died_mid_batch_is_finished_without_repeats_after_the
             await wait_until_serving(nc)
             made = await make_changes(LedgerClient(nc), run, 4)
         last = (await js.stream_info(subjects.LEDGER_EVENTS_STREAM)).state.last_seq
-        batch = await db.fetch("UPDATE ledger_outbox SET claimed_after = $1 WHERE run_id = $2 "
-                               "RETURNING id, type, run::text AS run, resource::text AS resource", last, run)
-        batch.sort(key=lambda e: e["id"])
+        await db.execute("UPDATE ledger_relay SET stream_after = $1", last)
+        batch = await db.fetch("SELECT id, kind, run::text AS run, resource::text AS resource FROM run_log "
+                               "WHERE run_id = $1 ORDER BY id", run)
+        assert len(batch) == made
         for event in batch[: len(batch) // 2]:
             await js.publish(subjects.ledger_run_events(run),
-                             outbox_relay.payload(event["id"], event["type"], event["run"], event["resource"]),
+                             outbox_relay.payload(event["id"], event["kind"], event["run"], event["resource"]),
                              headers={"Nats-Msg-Id": outbox_relay.message_id(prefix, event["id"])})
         await asyncio.sleep(0.5)  # past the duplicate window
     async with create_app(settings):
         found = await stream_events(nc, run, made)
     assert_exactly_once(found, made, prefix)
-    assert await db.fetchval("SELECT count(*) FROM ledger_outbox") == 0
 
 
 async def test_two_replicas_relay_one_at_a_time_and_the_second_takes_over(nats_url, nc, ledger_db, db, unique):

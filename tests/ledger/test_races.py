@@ -16,7 +16,7 @@ from services.ledger.app import create_app
 from services.ledger.settings import LedgerSettings
 from services.ledger.store import Database
 from shared import subjects
-from tests.ledger.conftest import LedgerClient, wait_until_serving
+from tests.ledger.conftest import LedgerClient, none_waiting, wait_until_serving
 
 ROUNDS = 200
 
@@ -86,10 +86,7 @@ async def test_two_clients_racing_over_nats_on_one_row_make_one_transition_every
             bob.ask(subjects.LEDGER_RESOURCE_CONFIRM, resourceId=row["resourceId"]))
         assert [r["status"] for r in replies] == [200, 200] and replies[0] == replies[1], replies
     assert await db.fetchval("SELECT count(*) FROM run_log WHERE kind = 'resource.confirmed'") == ROUNDS
-    for _ in range(100):  # the relay drains the outbox within moments
-        if not await db.fetchval("SELECT count(*) FROM ledger_outbox"):
-            break
-        await asyncio.sleep(0.05)
+    assert await none_waiting(db)  # the relay publishes within moments
     assert await _published(alice, run, "resource.confirmed") == ROUNDS
 
 

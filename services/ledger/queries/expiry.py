@@ -3,7 +3,7 @@ the runs that hold nothing unresolved any more."""
 
 from __future__ import annotations
 
-from services.ledger.queries.fragments import SETTLE_RUNS, resource_events, run_events
+from services.ledger.queries.fragments import SETTLE_RUNS, SETTLED_BY, TARGET_DETAIL, resource_events, run_events
 from services.ledger.queries.statement import Statement, compose
 
 EXPIRE = Statement("EXPIRE", """
@@ -13,14 +13,11 @@ EXPIRE = Statement("EXPIRE", """
         UPDATE resources SET status = :to, last_error = :why, updated_at = now(), claimed_at = NULL
         WHERE module = :module AND kind = :kind AND ref = :ref AND status = ANY(:allowed)
         RETURNING *
-    ), logged AS (
-        INSERT INTO run_log (run_id, resource_id, kind, detail)
-        SELECT run_id, id, :log_kind, jsonb_build_object('module', module, 'kind', kind, 'ref', ref)
-        FROM changed
-    ), $events""", events=resource_events("changed")))
+    ), $events""", events=resource_events("changed", TARGET_DETAIL)))
 
 SETTLE_EXPIRED = Statement("SETTLE_EXPIRED", """
     After an expiry: the runs :run_ids that are terminal, whose cleanup is in :allowed and that
     hold nothing unresolved move their cleanup to :to (statuses.SETTLE_AFTER_EXPIRY), logged
     with {"by": :by}. A second statement: it sees the rows EXPIRE just changed.""",
-                           compose(SETTLE_RUNS, which="r.run_id = ANY(:run_ids) AND", events=run_events("changed")))
+                           compose(SETTLE_RUNS, which="r.run_id = ANY(:run_ids) AND",
+                                   events=run_events("changed", SETTLED_BY)))

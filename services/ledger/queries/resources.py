@@ -4,23 +4,20 @@ or its target's holder, tell a replay from a conflict, reconcile a module's rows
 
 from __future__ import annotations
 
-from services.ledger.queries.fragments import resource_events, resource_json
+from services.ledger.queries.fragments import TARGET_DETAIL, resource_events, resource_json
 from services.ledger.queries.statement import Statement, compose
 
 
 def _added() -> str:
-    """The end of a statement adding resources (CTE ``inserted``): each row's log entry, its run's
-    cleanup reopened if it was complete (statuses.REOPEN), and its event (ADD_RESOURCE, ADD_RESOURCES)."""
-    return compose("""logged AS (
-            INSERT INTO run_log (run_id, resource_id, kind, detail)
-            SELECT run_id, id, :log_kind,
-                   jsonb_build_object('status', status, 'module', module, 'kind', kind, 'ref', ref)
-            FROM inserted
-        ), reopened AS (
+    """The end of a statement adding resources (CTE ``inserted``): its run's cleanup reopened if
+    it was complete (statuses.REOPEN), and each row's log entry, its event (ADD_RESOURCE,
+    ADD_RESOURCES)."""
+    return compose("""reopened AS (
             UPDATE runs SET cleanup_status = :reopen_to, updated_at = now()
             WHERE run_id IN (SELECT run_id FROM inserted) AND cleanup_status = ANY(:reopen_from)
             RETURNING run_id
-        ), $events""", events=resource_events("inserted"))
+        ), $events""", events=resource_events(
+        "inserted", "jsonb_build_object('status', c.status, 'module', c.module, 'kind', c.kind, 'ref', c.ref)"))
 
 
 _ADDED = _added()
@@ -59,11 +56,8 @@ TRANSITION = Statement("TRANSITION", """
                last_error = COALESCE(:error, last_error), claimed_at = NULL
         WHERE id = :id AND status = ANY(:allowed)
         RETURNING *
-    ), logged AS (
-        INSERT INTO run_log (run_id, resource_id, kind, detail)
-        SELECT run_id, id, :log_kind, jsonb_build_object('status', status, 'error', CAST(:error AS text))
-        FROM changed
-    ), $events""", events=resource_events("changed")))
+    ), $events""", events=resource_events("changed",
+                                          "jsonb_build_object('status', c.status, 'error', CAST(:error AS text))")))
 
 ADD_RESOURCES = Statement("ADD_RESOURCES", """
     ADD_RESOURCE for a batch (services/ledger/batches.py): one row of the unnest arrays per
@@ -98,11 +92,7 @@ TRANSITIONS = Statement("TRANSITIONS", """
                last_error = COALESCE(g.error, s.last_error), claimed_at = NULL
         FROM given g WHERE s.id = g.id AND s.status = ANY(:allowed)
         RETURNING s.*, g.error AS given_error
-    ), logged AS (
-        INSERT INTO run_log (run_id, resource_id, kind, detail)
-        SELECT run_id, id, :log_kind, jsonb_build_object('status', status, 'error', given_error)
-        FROM changed
-    ), $events""", events=resource_events("changed")))
+    ), $events""", events=resource_events("changed", "jsonb_build_object('status', c.status, 'error', c.given_error)")))
 
 REPLAY_STATE = Statement("REPLAY_STATE", """
     Why a guarded transition changed nothing: the row's status, stored error, wire JSON and
@@ -120,8 +110,4 @@ RECONCILE = Statement("RECONCILE", """
         WHERE run_id = :run_id AND module = :module AND (CAST(:kind AS text) IS NULL OR kind = :kind)
           AND status = ANY(:allowed) AND NOT (ref = ANY(:present))
         RETURNING *
-    ), logged AS (
-        INSERT INTO run_log (run_id, resource_id, kind, detail)
-        SELECT run_id, id, :log_kind, jsonb_build_object('module', module, 'kind', kind, 'ref', ref)
-        FROM changed
-    ), $events""", events=resource_events("changed")))
+    ), $events""", events=resource_events("changed", TARGET_DETAIL)))

@@ -12,10 +12,7 @@ CREATE_RUN = Statement("CREATE_RUN", """
         INSERT INTO runs (run_id, shard, event, starts_at, ends_at)
         VALUES (:run_id, :shard, :event, CAST(:starts_at AS bigint), CAST(:ends_at AS bigint))
         ON CONFLICT (run_id) DO NOTHING RETURNING *
-    ), logged AS (
-        INSERT INTO run_log (run_id, kind, detail)
-        SELECT run_id, :log_kind, jsonb_build_object('shard', shard, 'event', event) FROM created
-    ), $events""", events=run_events("created")))
+    ), $events""", events=run_events("created", "jsonb_build_object('shard', c.shard, 'event', c.event)")))
 
 SET_RUN_STATUS = Statement("SET_RUN_STATUS", """
     Move the run to :to if its status is one of :allowed (statuses.RUN_STATUS_FROM), stamping
@@ -25,7 +22,4 @@ SET_RUN_STATUS = Statement("SET_RUN_STATUS", """
                ended_at = CASE WHEN :terminal THEN now() ELSE ended_at END
         WHERE run_id = :run_id AND status = ANY(:allowed)
         RETURNING *
-    ), logged AS (
-        INSERT INTO run_log (run_id, kind, detail)
-        SELECT run_id, :log_kind, jsonb_build_object('status', status) FROM changed
-    ), $events""", events=run_events("changed")))
+    ), $events""", events=run_events("changed", "jsonb_build_object('status', c.status)")))

@@ -5,7 +5,14 @@ their shard, a person's retry."""
 from __future__ import annotations
 
 from services.ledger import statuses
-from services.ledger.queries.fragments import SETTLE_RUNS, resource_events_cte, resource_json, run_events, run_json
+from services.ledger.queries.fragments import (
+    SETTLE_RUNS,
+    SETTLED_BY,
+    resource_events_cte,
+    resource_json,
+    run_events,
+    run_json,
+)
 from services.ledger.queries.statement import Statement, compose
 
 BACKING_OFF = "(s.status = ANY(:revertable) AND s.retry_at IS NOT NULL AND s.retry_at > now())"
@@ -20,7 +27,7 @@ backing off is one: no attempt was spent, so its run stays ``pending``."""
 SETTLE = Statement("SETTLE", """
     Terminal runs whose cleanup is in :allowed and that hold nothing unresolved move their
     cleanup to :to (statuses.SETTLE), logged with {"by": :by}.""",
-                   compose(SETTLE_RUNS, which="", events=run_events("changed")))
+                   compose(SETTLE_RUNS, which="", events=run_events("changed", SETTLED_BY)))
 
 CANDIDATES = Statement("CANDIDATES", """
     Terminal runs whose cleanup is sweepable and that hold an unresolved row not backing off,
@@ -55,14 +62,20 @@ CLAIM = Statement("CLAIM", """
                previous_status = CASE WHEN s.status = ANY(:stale) THEN s.previous_status ELSE s.status END
         FROM picked WHERE s.id = picked.id
         RETURNING s.*
-    ), logged AS (
-        INSERT INTO run_log (run_id, resource_id, kind, detail)
-        SELECT run_id, id, :log_kind, jsonb_build_object('from', previous_status) FROM changed
     ), $events
     SELECT id AS event_id, type, run, resource,
            (SELECT count(*) FROM candidates) > (SELECT count(*) FROM picked) AS more
     FROM events ORDER BY id""", resource=resource_json("s"), backing_off=BACKING_OFF,
-                                                   events=resource_events_cte("changed", ":log_kind")))
+                                                   events=resource_events_cte(
+                                                       "changed", "jsonb_build_object('from', c.previous_status)")))
+
+OUTCOME_DETAIL = """CASE
+            WHEN c.to_status IS NOT NULL THEN jsonb_build_object('status', c.status, 'error', c.given_error)
+            WHEN c.counts_away THEN jsonb_build_object('error', c.last_error, 'away', c.away, 'retryAt', c.retry_at,
+                                                       'attempts', c.attempts)
+            ELSE jsonb_build_object('error', c.last_error, 'transient', NOT c.gives_up, 'attempts', c.attempts) END"""
+"""The log detail of a recorded outcome: the status reached, or the miss and its back-off, or
+the failure and what it spent."""
 
 OUTCOMES = Statement("OUTCOMES", """
     Record give-back outcomes, one row of the unnest arrays per resource, each row carrying its
@@ -101,20 +114,12 @@ OUTCOMES = Statement("OUTCOMES", """
                last_error = COALESCE(g.error, s.last_error), claimed_at = NULL, updated_at = now()
         FROM given g WHERE s.id = g.id AND s.status = ANY(:allowed)
         RETURNING s.*, g.error AS given_error, g.to_status, g.gives_up, g.counts_away, g.log_kind
-    ), logged AS (
-        INSERT INTO run_log (run_id, resource_id, kind, detail)
-        SELECT run_id, id, log_kind, CASE
-            WHEN to_status IS NOT NULL THEN jsonb_build_object('status', status, 'error', given_error)
-            WHEN counts_away THEN jsonb_build_object('error', last_error, 'away', away, 'retryAt', retry_at,
-                                                     'attempts', attempts)
-            ELSE jsonb_build_object('error', last_error, 'transient', NOT gives_up, 'attempts', attempts) END
-        FROM changed
     ), $events
     SELECT e.id AS event_id, e.type, e.run, e.resource, NULL::text AS status, e.resource_id AS id FROM events e
     UNION ALL
     SELECT NULL, NULL, NULL, NULL, s.status, s.id FROM resources s
     WHERE s.id = ANY(CAST(:ids AS bigint[])) AND s.id NOT IN (SELECT id FROM changed)
-    ORDER BY id""", events=resource_events_cte("changed", "c.log_kind"),
+    ORDER BY id""", events=resource_events_cte("changed", OUTCOME_DETAIL, "c.log_kind"),
     # Generated, not a parameter: the holder is found through uq_resources_live_target's predicate.
     held=statuses.sql_one_of("h.status", statuses.LIVE)))
 
@@ -140,19 +145,16 @@ FINISH = Statement("FINISH", """
                                      ELSE :unfinished END
         FROM left_over WHERE r.run_id = :run_id AND r.cleanup_status = ANY(:allowed)
         RETURNING r.*
-    ), logged AS (
-        INSERT INTO run_log (run_id, kind, detail)
+    ), events AS (
+        INSERT INTO run_log (run_id, kind, detail, run)
         SELECT :run_id, :log_kind, CAST(:summary AS jsonb) || jsonb_build_object(
             'unresolved', left_over.unresolved, 'actionable', left_over.actionable,
-            'cleanupStatus', COALESCE((SELECT cleanup_status FROM changed), :before))
+            'cleanupStatus', COALESCE((SELECT cleanup_status FROM changed), :before)),
+            (SELECT COALESCE((SELECT $changed_run FROM changed c), $run) FROM runs r WHERE r.run_id = :run_id)
         FROM left_over
-    ), events AS (
-        INSERT INTO ledger_outbox (run_id, type, run)
-        SELECT r.run_id, :log_kind, COALESCE((SELECT $changed_run FROM changed c), $run)
-        FROM runs r WHERE r.run_id = :run_id
-        RETURNING id
+        RETURNING id, run IS NOT NULL AS is_event
     )
-    SELECT (SELECT $changed_run::text FROM changed c) AS run, (SELECT id FROM events) AS event_id""",
+    SELECT (SELECT $changed_run::text FROM changed c) AS run, (SELECT id FROM events WHERE is_event) AS event_id""",
                                                      actionable=ACTIONABLE, changed_run=run_json("c"),
                                                      run=run_json("r")))
 
@@ -191,11 +193,7 @@ RETRY = Statement("RETRY", """
                              updated_at = now()
         WHERE run_id IN (SELECT run_id FROM changed) AND status = ANY(:unresolved)
         RETURNING id
-    ), logged AS (
-        INSERT INTO run_log (run_id, kind, detail)
-        SELECT run_id, :log_kind, jsonb_build_object('reset', (SELECT count(*) FROM reset))
-        FROM changed
-    ), $events""", events=run_events("changed")))
+    ), $events""", events=run_events("changed", "jsonb_build_object('reset', (SELECT count(*) FROM reset))")))
 
 RETRY_WAITING = Statement("RETRY_WAITING", """
     A person's retry of a run waiting for its shard or module (terminal, cleanup in :sweepable,
@@ -214,11 +212,7 @@ RETRY_WAITING = Statement("RETRY_WAITING", """
         WHERE s.run_id IN (SELECT run_id FROM changed) AND s.status = ANY(:waiting) AND s.away > 0
           AND s.retry_at IS NOT NULL
         RETURNING s.id
-    ), logged AS (
-        INSERT INTO run_log (run_id, kind, detail)
-        SELECT run_id, :log_kind, jsonb_build_object('dueNow', (SELECT count(*) FROM due))
-        FROM changed
-    ), $events""", events=run_events("changed")))
+    ), $events""", events=run_events("changed", "jsonb_build_object('dueNow', (SELECT count(*) FROM due))")))
 
 LAST_LOG_KIND = Statement("LAST_LOG_KIND", "The run's latest log kind among :kinds (none: no such entry).", """
     SELECT kind FROM run_log WHERE run_id = :run_id AND kind = ANY(:kinds) ORDER BY id DESC LIMIT 1""")
