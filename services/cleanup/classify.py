@@ -151,24 +151,43 @@ but already absent (a player killed it: a success), ``refused`` never this run's
 
 
 def despawn_answer(reply: Any, serial: str) -> Outcome:
-    """Classify the gateway's reply to ``world.despawn {runId, serials: [serial]}``: the
-    serial under ``removed`` or ``gone`` is given back, under ``refused`` it fails with the
-    reason; a serial the answer does not name at all, or a malformed answer, fails quoting it."""
+    """Classify the gateway's reply to ``world.despawn {runId, serials: [serial]}`` for that one
+    serial (:func:`despawn_answers` of a batch of one)."""
+    return despawn_answers(reply, [serial])[serial]
+
+
+def despawn_answers(reply: Any, serials: list[str]) -> dict[str, Outcome]:
+    """Classify the gateway's reply to ``world.despawn {runId, serials}`` for each serial sent
+    (S004:1270-1288: one answer listing every serial under ``removed``, ``gone`` or ``refused``).
+
+    A serial under ``removed`` or ``gone`` is given back; under ``refused`` alone it fails with
+    the reason; under both a success list and ``refused``, or under none of the three, it fails
+    quoting the answer. An answer that is not a usable ``world.despawn.ok`` at all (not a 200,
+    no body, another kind, a list that is not a list) is the same outcome for every serial it
+    was asked about: a 503/504 of the gateway is ``away`` for all of them, a 425/429 ``transient``
+    for all of them, anything else ``failed`` for all of them."""
     what = "world.despawn"
     body = _payload(what, reply, in_body=True)
     if isinstance(body, Outcome):
-        return body
+        return dict.fromkeys(serials, body)
     kind = body.get("kind")
     if kind != DESPAWN_OK:
         shown = "no 'kind'" if kind is None else f"kind {quoted(kind)}"
-        return Outcome(Verdict.FAILED, f"{what} answered 200 with {shown} (expected {DESPAWN_OK}): "
-                                       f"{preview(body)}")
-    lists: dict[str, list[Any]] = {}
+        return dict.fromkeys(serials, Outcome(Verdict.FAILED, f"{what} answered 200 with {shown} (expected "
+                                                              f"{DESPAWN_OK}): {preview(body)}"))
+    lists: dict[str, set[str]] = {}
     for name in DESPAWN_LISTS:
         value = body.get(name, [])
         if not isinstance(value, list):
-            return Outcome(Verdict.FAILED, f"{what} answer's {name!r} is not a list of serials: {preview(body)}")
-        lists[name] = value
+            return dict.fromkeys(serials, Outcome(Verdict.FAILED, f"{what} answer's {name!r} is not a list of "
+                                                                  f"serials: {preview(body)}"))
+        # Only strings can name a serial; anything else in a list names nothing (and a set
+        # keeps a batch of a thousand serials linear).
+        lists[name] = {item for item in value if isinstance(item, str)}
+    return {serial: _one_serial(what, serial, lists, body) for serial in serials}
+
+
+def _one_serial(what: str, serial: str, lists: dict[str, set[str]], body: dict[str, Any]) -> Outcome:
     named = [name for name in DESPAWN_LISTS if serial in lists[name]]
     if named == ["refused"]:
         return Outcome(Verdict.FAILED, f"the shard refused the despawn of {serial}: it says the object was never "

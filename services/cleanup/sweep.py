@@ -2,7 +2,9 @@
 
 1. Settle: the ledger marks terminal runs with nothing unresolved ``complete``.
 2. Candidates, a bounded batch of runs at a time; for each run, claim a bounded batch of
-   rows (the ledger's guarded ``→ reverting``), give each back, record what became of it.
+   rows (the ledger's guarded ``→ reverting``), give them back (the batch's world objects in
+   one ``world.despawn``, leases and module reverts one command a row), record what became of
+   each row.
 3. Finish each run: the ledger writes ``cleanup.swept`` with this sweep's summary and
    decides the run's cleanup status from what is left.
 
@@ -32,6 +34,7 @@ from services.cleanup.ledger_client import MAX_LIMIT, LedgerClient, LedgerError
 from services.cleanup.metrics import CleanupCounts
 from services.cleanup.port import Port
 from shared.contracts import ledger_statuses
+from shared.contracts.ids import is_shard_id
 
 log = logging.getLogger("shardbus.cleanup.sweep")
 
@@ -66,6 +69,9 @@ class Limits:
     command_timeout_s: float = 15.0
     away_backoff_s: float = 2.0
     away_backoff_max_s: float = 60.0
+    despawn_max_bytes: int = giveback.DESPAWN_MAX_BYTES
+    """A ``world.despawn`` body larger than this is split over several commands (not a setting:
+    the default suits every gateway line cap; tests and benches pass a small one)."""
 
 
 @dataclass
@@ -208,8 +214,8 @@ class Sweeper:
                 report.claimed += len(rows)
                 fresh = [row for row in rows if _row_id(row) not in handled]
                 handled.update(_row_id(row) for row in rows)
-                given = await asyncio.gather(*(self._give_back(row, shard, start_by) for row in rows))
-                await self._record(list(given), report)
+                given = await self._give_back_batch(rows, shard, start_by)
+                await self._record(given, report)
                 if report.transient or report.away or not more or not fresh:
                     break
             run = await self.ledger.finish(run_id, self.limits.max_attempts, report.summary())
@@ -250,30 +256,52 @@ class Sweeper:
             self.shards[run_id] = str(shard or "")
         return self.shards[run_id]
 
-    async def _give_back(self, row: dict[str, Any], shard: str, start_by: float) -> tuple[Any, Outcome | None]:
-        resource_id = _row_id(row)
-        if not isinstance(resource_id, int):
-            # Without an id nothing can be recorded; the row's claim times out and a person
-            # sees it `reverting` on the console. Say so loudly.
-            log.error("the ledger handed out a row without a resourceId", extra={"row": str(row)[:300]})
-            return None, Outcome(Verdict.FAILED, "claimed row has no resourceId")
-        missing = [name for name in ("runId", "module", "kind", "ref") if not isinstance(row.get(name), str)]
-        if missing:
-            return resource_id, Outcome(Verdict.FAILED, f"the ledger row lacks {', '.join(missing)}; cannot "
-                                                        "tell what to give back")
-        omitted = row.get("revertOmitted")
-        if omitted is not None and row["kind"] not in giveback.WORLD_KINDS:
-            # Stored before the ledger capped reverts; too large for any reply, so it was left
-            # out. A world object needs only its ref; anything else would be sent without
-            # what it needs.
-            return resource_id, Outcome(Verdict.FAILED, f"its revert ({omitted} bytes, stored before the ledger "
-                                                        "capped reverts at 8 KiB) is too large to be sent, so the "
-                                                        "sweep cannot tell how to give it back; give it back by "
-                                                        "hand, then resolve the row")
+    async def _give_back_batch(self, rows: list[Any], shard: str,
+                               start_by: float) -> list[tuple[Any, Outcome | None]]:
+        """Give a claimed batch back: each row's ``(resourceId, outcome)``, in the batch's order
+        (``None``: deferred). The batch's world objects go in one ``world.despawn`` per run
+        (split only over the byte budget), each taking one give-back slot; leases and module
+        reverts in one command per row."""
+        given: list[tuple[Any, Outcome | None]] = [(None, None)] * len(rows)
+        world: dict[str, list[int]] = {}
+        sends = []
+        for index, row in enumerate(rows):
+            early = _unsendable(row)
+            if early is not None:
+                given[index] = early
+            elif row["kind"] in giveback.WORLD_KINDS and is_shard_id(shard):
+                world.setdefault(row["runId"], []).append(index)
+            else:
+                sends.append(self._give_back_one(index, row, shard, start_by, given))
+        for run_id, indexes in world.items():
+            for command in giveback.despawns(run_id, [rows[i] for i in indexes], shard,
+                                             self.limits.despawn_max_bytes):
+                sends.append(self._despawn(command, indexes, rows, start_by, given))
+        await asyncio.gather(*sends)
+        return given
+
+    async def _give_back_one(self, index: int, row: dict[str, Any], shard: str, start_by: float,
+                             given: list[tuple[Any, Outcome | None]]) -> None:
         async with self.give_backs:
             if time.monotonic() > start_by:
-                return resource_id, None
-            return resource_id, await giveback.give_back(self.port, row, shard, self.limits.command_timeout_s)
+                given[index] = (row["resourceId"], None)
+                return
+            given[index] = (row["resourceId"],
+                            await giveback.give_back(self.port, row, shard, self.limits.command_timeout_s))
+
+    async def _despawn(self, command: giveback.Despawn, indexes: list[int], rows: list[Any], start_by: float,
+                       given: list[tuple[Any, Outcome | None]]) -> None:
+        """One ``world.despawn`` (one slot); each of its rows gets its own serial's outcome."""
+        mine = {id(row) for row in command.rows}
+        placed = [i for i in indexes if id(rows[i]) in mine]
+        async with self.give_backs:
+            if time.monotonic() > start_by:
+                for i in placed:
+                    given[i] = (rows[i]["resourceId"], None)
+                return
+            outcomes = await giveback.despawn(self.port, command, self.limits.command_timeout_s)
+        for i in placed:
+            given[i] = (rows[i]["resourceId"], outcomes[rows[i]["ref"]])
 
     async def _record(self, given: list[tuple[Any, Outcome | None]], report: RunReport) -> None:
         """Record a batch's outcomes in one ledger request (one commit, not one per row)."""
@@ -298,6 +326,30 @@ class Sweeper:
                 report.count(resource_id, outcome)
             elif resource_id in missing:
                 report.count(resource_id, Outcome(Verdict.FAILED, "the ledger no longer has this resource"))
+
+
+def _unsendable(row: Any) -> tuple[Any, Outcome] | None:
+    """A claimed row that cannot be given back at all, with its failed outcome; else None."""
+    resource_id = _row_id(row)
+    if not isinstance(resource_id, int):
+        # Without an id nothing can be recorded; the row's claim times out and a person
+        # sees it `reverting` on the console. Say so loudly.
+        log.error("the ledger handed out a row without a resourceId", extra={"row": str(row)[:300]})
+        return None, Outcome(Verdict.FAILED, "claimed row has no resourceId")
+    missing = [name for name in ("runId", "module", "kind", "ref") if not isinstance(row.get(name), str)]
+    if missing:
+        return resource_id, Outcome(Verdict.FAILED, f"the ledger row lacks {', '.join(missing)}; cannot "
+                                                    "tell what to give back")
+    omitted = row.get("revertOmitted")
+    if omitted is not None and row["kind"] not in giveback.WORLD_KINDS:
+        # Stored before the ledger capped reverts; too large for any reply, so it was left
+        # out. A world object needs only its ref; anything else would be sent without
+        # what it needs.
+        return resource_id, Outcome(Verdict.FAILED, f"its revert ({omitted} bytes, stored before the ledger "
+                                                    "capped reverts at 8 KiB) is too large to be sent, so the "
+                                                    "sweep cannot tell how to give it back; give it back by "
+                                                    "hand, then resolve the row")
+    return None
 
 
 def _wire(resource_id: int, outcome: Outcome) -> dict[str, Any]:

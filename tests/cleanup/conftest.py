@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -199,3 +200,35 @@ async def shard_answers(shard: Shard) -> bool:
     except Exception:
         await asyncio.sleep(0.05)
         return False
+
+
+class DespawnTally:
+    """Every ``world.despawn`` the shard's world carried out (a replay from the shard's
+    idempotency cache never reaches the world): the serials each one named."""
+
+    def __init__(self, world: ShardWorld) -> None:
+        self.commands: list[list[str]] = []
+        inner = world._world_despawn
+
+        def counting(body: dict[str, Any]) -> dict[str, Any]:
+            self.commands.append(list(body.get("serials") or []))
+            return inner(body)
+
+        world._world_despawn = counting  # type: ignore[method-assign]
+
+    def per_serial(self) -> Counter[str]:
+        """How many executed despawns named each serial."""
+        return Counter(serial for serials in self.commands for serial in serials)
+
+
+async def listen(nc: nats.NATS, subject: str) -> list[dict[str, Any]]:
+    """Every payload published on ``subject`` from now on (a listener beside the gateway: it sees
+    each command as sent, and never answers)."""
+    seen: list[dict[str, Any]] = []
+
+    async def on(msg) -> None:
+        seen.append(json.loads(msg.data))
+
+    await nc.subscribe(subject, cb=on)
+    await nc.flush()
+    return seen

@@ -15,7 +15,8 @@ from tests.cleanup.conftest import ask, ok, shard_with, start_cleanup
 
 
 class GarbledWorld(ShardWorld):
-    """A shard whose despawn answers for some serials are broken."""
+    """A shard whose despawn answers are broken for any command naming some serials (a run's
+    world objects go in one command, so the broken answer is the whole command's)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -45,29 +46,33 @@ async def test_broken_answers_become_failed_rows_with_reasons_and_other_runs_go_
         await msg.respond(b"<html>502 Bad Gateway</html>")
 
     await nc.subscribe(subjects.module_revert(garbage_module), cb=garbage)
-    for run in (bad, good):
+    odd = f"odd-{unique}"  # its own run: a broken answer is every serial's in its command
+    for run in (bad, good, odd):
         await ledger.run(run, shard.id)
-    unnamed, odd_lists, fine = (await shard.command(
-        "world.spawn", {"runId": bad, "what": "creature", "count": 3}))["body"]["serials"]
-    # A 200 that names some other serial, and one whose lists are not lists.
-    shard.world.garbled[unnamed] = {"kind": "world.despawn.ok", "runId": bad, "removed": ["0x1"], "gone": [],
+    unnamed, fine = (await shard.command(
+        "world.spawn", {"runId": bad, "what": "creature", "count": 2}))["body"]["serials"]
+    (odd_lists,) = (await shard.command("world.spawn", {"runId": odd, "what": "creature"}))["body"]["serials"]
+    # A 200 that names the other serial of the command and some serial never sent, but not
+    # this one; and one whose lists are not lists.
+    shard.world.garbled[unnamed] = {"kind": "world.despawn.ok", "runId": bad, "removed": ["0x1", fine], "gone": [],
                                     "refused": []}
-    shard.world.garbled[odd_lists] = {"kind": "world.despawn.ok", "runId": bad, "removed": 42}
+    shard.world.garbled[odd_lists] = {"kind": "world.despawn.ok", "runId": odd, "removed": 42}
     (good_ref,) = (await shard.command("world.spawn", {"runId": good, "what": "npc"}))["body"]["serials"]
-    for ref in (unnamed, odd_lists, fine):
+    for ref in (unnamed, fine):
         await ledger.record(bad, "creature", ref)
+    await ledger.record(odd, "creature", odd_lists)
     await ledger.record(bad, "zone", "north-field", module=silent_module)
     await ledger.record(bad, "zone", "south-field", module=garbage_module)
     await ledger.record(bad, "lease", "PlayerCaps.SkillCap", revert={"key": "PlayerCaps.SkillCap", "expected": "1300"})
     await ledger.record(good, "npc", good_ref)
-    for run in (bad, good):
+    for run in (bad, good, odd):
         await ledger.end(run, "completed")
 
     sweep = await ok(nc, subjects.CLEANUP_SWEEP, {}, timeout=30)
 
     # The silent module's row met nobody: away (no attempt spent), not failed.
     assert sweep["reverted"] == 2 and sweep["failed"] == 4 and sweep["away"] == 1
-    rows = {row["ref"]: row for row in (await ledger.console(bad))["resources"]}
+    rows = {row["ref"]: row for run in (bad, odd) for row in (await ledger.console(run))["resources"]}
     reasons = {ref: row["lastError"] for ref, row in rows.items() if row["status"] != "reverted"}
     assert rows[fine]["status"] == "reverted"
     assert f"does not name {unnamed}" in reasons[unnamed] and '"0x1"' in reasons[unnamed]

@@ -12,7 +12,7 @@ import json
 import asyncpg
 
 from shared import subjects
-from tests.cleanup.conftest import ok, start_cleanup
+from tests.cleanup.conftest import DespawnTally, ok, start_cleanup
 
 FULL_REVERT = {"blob": "x" * 8000}
 """A revert just under the ledger's 8 KiB cap: 150 of them are 1.2 MB."""
@@ -73,12 +73,15 @@ async def test_a_run_holding_megabytes_is_swept_claim_page_after_claim_page(
 
     await nc.subscribe(subjects.module_revert(module), cb=module_revert)
     await ledger.end(run, "completed")
+    tally = DespawnTally(shard.world)
 
     reply = await ok(nc, subjects.CLEANUP_SWEEP, {"runId": run}, timeout=60)
 
     swept = reply["run"]
     assert swept["claimed"] == 153 and swept["reverted"] == 151 and swept["failed"] == 2, swept
-    assert shard.sim.executed["world.despawn"] == 151
+    # One world.despawn per claim page (each page's world rows together), 151 serials in all.
+    assert tally.per_serial() == dict.fromkeys(serials, 1)
+    assert shard.sim.executed["world.despawn"] == len(tally.commands) < 151
     assert not any(obj.present for obj in shard.world.objects.values() if obj.serial in serials)
     assert sent_to_module == []
     reasons = [f["reason"] for f in swept["failures"]]

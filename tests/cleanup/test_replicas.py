@@ -11,7 +11,7 @@ import signal
 
 from shared import subjects
 from simulator.world import PLACES_AT_MOST
-from tests.cleanup.conftest import Ledger, Shard, ok, start_cleanup, wait_for
+from tests.cleanup.conftest import DespawnTally, Ledger, Shard, ok, start_cleanup, wait_for
 
 RUNS = 40
 """Runs in the exactly-once test."""
@@ -62,13 +62,17 @@ async def test_three_replicas_give_each_of_thousands_of_resources_back_exactly_o
         swept_by[event["pid"]] = swept_by.get(event["pid"], 0) + event["claimed"]
 
     await nc.subscribe(subjects.CLEANUP_SWEPT, cb=on_swept)
+    tally = DespawnTally(shard.world)
     for _ in range(3):  # small batches and a short period, so the three really race
         await start_cleanup(services, sweep_period_s="0.3", sweep_batch_size="20", sweep_runs_per_batch="5")
     await asyncio.gather(*(ledger.end(run) for run in runs))
 
     await wait_for(lambda: _all_clean(nc, runs), "every run's cleanup complete", timeout=120, every=0.5)
 
-    assert shard.sim.executed["world.despawn"] == RUNS * CREATURES_PER_RUN
+    # Each serial carried out by exactly one world.despawn (a batch's world rows in one command).
+    despawned = tally.per_serial()
+    assert len(despawned) == RUNS * CREATURES_PER_RUN and set(despawned.values()) == {1}
+    assert shard.sim.executed["world.despawn"] == len(tally.commands) < RUNS * CREATURES_PER_RUN
     assert shard.sim.executed["lease.release"] == RUNS * LEASES_PER_RUN
     assert not any(obj.present for obj in shard.world.objects.values())
     assert shard.world.holds == {}
@@ -80,10 +84,13 @@ async def test_three_replicas_give_each_of_thousands_of_resources_back_exactly_o
 
 async def test_a_sweeper_killed_mid_revert_is_recovered_after_the_claim_timeout_without_a_second_execution(
         nc, shard, ledger, services, unique):
-    runs = await _populate(shard, ledger, f"k{unique}", 4, 100, 0)
-    shard.sim.answer_delay_s["world.despawn"] = 0.1     # so the kill lands mid-revert
+    runs = await _populate(shard, ledger, f"k{unique}", 8, 50, 0)
+    # A run's 50 creatures go in one world.despawn: two runs at a time and a slow answer, so
+    # the kill lands with some runs given back, some in flight at the shard, some not started.
+    shard.sim.answer_delay_s["world.despawn"] = 0.2
+    tally = DespawnTally(shard.world)
     doomed = await start_cleanup(services, sweep_period_s="0.3", claim_timeout_s="3", command_timeout_s="2",
-                           give_back_concurrency="16")
+                                 give_back_concurrency="16", sweep_runs_in_flight="2")
     await asyncio.gather(*(ledger.end(run) for run in runs))
 
     async def reverting() -> int:
@@ -104,22 +111,25 @@ async def test_a_sweeper_killed_mid_revert_is_recovered_after_the_claim_timeout_
     await start_cleanup(services, sweep_period_s="0.3", claim_timeout_s="3", command_timeout_s="2")
     await wait_for(lambda: _all_clean(nc, runs), "every run's cleanup complete", timeout=90, every=0.5)
 
-    assert shard.sim.executed["world.despawn"] == 400
+    despawned = tally.per_serial()
+    assert len(despawned) == 400 and set(despawned.values()) == {1}
     # The killed sweeper's commands the shard had already carried out were answered again
     # from its idempotency cache, not executed again.
     assert shard.sim.replayed["world.despawn"] >= 1
     for run in runs:
         console = await ledger.console(run)
-        assert console["counts"]["reverted"] == 100 and console["unresolved"] == 0
+        assert console["counts"]["reverted"] == 50 and console["unresolved"] == 0
 
 
 async def test_rows_queued_past_their_claims_deadline_are_deferred_not_sent_while_another_sweeper_may_take_them(
         nc, shard, ledger, services, unique):
-    # One give-back slot and slow despawns: most of a claimed batch waits behind the slot
-    # longer than the claim lasts. Sent anyway, another sweeper would reclaim them mid-flight
-    # and the shard would see one key twice at once (bridge.busy: a spent attempt).
-    runs = await _populate(shard, ledger, f"d{unique}", 1, 12, 0)
+    # One give-back slot and slow despawns (one per run: its creatures in one command): most
+    # of the runs claimed at once wait behind the slot longer than their claims last. Sent
+    # anyway, another sweeper would reclaim them mid-flight and the shard would see one key
+    # twice at once (bridge.busy: a spent attempt).
+    runs = await _populate(shard, ledger, f"d{unique}", 6, 2, 0)
     shard.sim.answer_delay_s["world.despawn"] = 0.5
+    tally = DespawnTally(shard.world)
     deferred: list[int] = []
 
     async def on_swept(msg) -> None:
@@ -129,12 +139,14 @@ async def test_rows_queued_past_their_claims_deadline_are_deferred_not_sent_whil
     for _ in range(2):
         await start_cleanup(services, sweep_period_s="0.3", sweep_batch_size="12", give_back_concurrency="1",
                             claim_timeout_s="2", command_timeout_s="1")
-    await ledger.end(runs[0])
-    await wait_for(lambda: _all_clean(nc, runs), "the run's cleanup complete", timeout=60, every=0.3)
+    await asyncio.gather(*(ledger.end(run) for run in runs))
+    await wait_for(lambda: _all_clean(nc, runs), "every run's cleanup complete", timeout=60, every=0.3)
 
-    assert shard.sim.executed["world.despawn"] == 12
+    despawned = tally.per_serial()
+    assert len(despawned) == 12 and set(despawned.values()) == {1}
     assert shard.sim.busy["world.despawn"] == 0
-    console = await ledger.console(runs[0])
-    assert console["counts"]["reverted"] == 12
-    assert [r["attempts"] for r in console["resources"]] == [0] * 12
+    for run in runs:
+        console = await ledger.console(run)
+        assert console["counts"]["reverted"] == 2
+        assert [r["attempts"] for r in console["resources"]] == [0] * 2
     assert sum(deferred) > 0  # the situation really arose
