@@ -1,7 +1,9 @@
 """Reads: the run console (the run, a page of its resources, counts by status, unresolved),
 a page of the run's log, runs by status and cleanup status, a page of a module's live rows, and
 the modules owning live rows. PostgreSQL renders the whole answer as JSON in one query, so a console of 1,000 rows costs
-one round trip and no per-row Python.
+one round trip and no per-row Python. A run console's page is rendered once per change of its
+run: this process keeps it and serves it again while the database finds its run unchanged
+(``console_cache.py``: a 0.28 ms check where the render is 7.6 ms at 1,000 rows).
 
 Replies that list rows are pages: at most ``limit`` rows and at most :data:`PAGE_BYTES` of them,
 in id order, so that no reply outgrows a NATS message whatever the rows hold. A page that left
@@ -15,7 +17,9 @@ import json
 from http import HTTPStatus
 
 from services.ledger import statuses
+from services.ledger.console_cache import Key, Mark, Page, cache_of
 from services.ledger.queries.console import (
+    CONSOLE_MARK,
     CONSOLE_PAGE,
     DETAIL_INLINE_MAX,
     LEASES_OVERDUE,
@@ -26,7 +30,7 @@ from services.ledger.queries.console import (
     RUNS_NEWEST,
 )
 from services.ledger.queries.fragments import REVERT_INLINE_MAX
-from services.ledger.store import Database, NotFound, read_first, read_one
+from services.ledger.store import Database, NotFound, one, read_first, read_one
 from shared.contracts.ledger import RUNS_CURSOR, ListRuns
 
 __all__ = ["DETAIL_INLINE_MAX", "PAGE_BYTES", "REVERT_INLINE_MAX", "console", "leases_overdue", "list_runs", "live",
@@ -61,14 +65,30 @@ async def console(db: Database, run_id: str, after: int | None = None, limit: in
                   budget: int = PAGE_BYTES) -> bytes:
     """A page of the run console as the reply's JSON bytes (``status`` 200 included), or
     NotFound: the run, its resources with an id above ``after`` (at most ``limit``, at most
-    :data:`PAGE_BYTES`), ``next``, and the counts and unresolved of the whole run."""
+    :data:`PAGE_BYTES`), ``next``, and the counts and unresolved of the whole run.
+
+    The page this process rendered last for the same request is served again when the
+    database finds what it was rendered from unchanged (``console_cache.py``): the same bytes
+    a render would give now."""
+    paging = _page(after, limit, budget)
+    key: Key = (run_id, paging["after"], paging["limit"], budget)
+    cache = cache_of(db)
     async with db.connect() as conn:
+        kept = cache.get(key)
+        if kept is not None:
+            current = kept.mark.current(await one(conn, CONSOLE_MARK, {"run_id": run_id}))
+            cache.served(current)
+            if current:
+                return kept.reply
         row = await read_first(conn, CONSOLE_PAGE,
                                {"run_id": run_id, "statuses": list(statuses.RESOURCE_STATUSES),
-                                "unresolved": list(statuses.UNRESOLVED), "ok": OK, **_page(after, limit, budget)})
+                                "unresolved": list(statuses.UNRESOLVED), "ok": OK, **paging})
     if row is None:
+        cache.drop(key)
         raise NotFound(f"no run {run_id!r}")
-    return _with_rows(row["head"], "resources", row["rows"])
+    reply = _with_rows(row["head"], "resources", row["rows"])
+    cache.put(key, Page(reply, Mark.of(row)))
+    return reply
 
 
 async def run_log(db: Database, run_id: str, after: int | None = None, limit: int = 1000,
