@@ -111,12 +111,13 @@ async def stop_task(task: asyncio.Task[None]) -> None:
 
 @dataclass
 class Gap:
-    """An id missing just above the watermark: when it was first missed, and the first
-    transaction not yet begun at the look after (set then)."""
+    """An id missing just above the watermark: when it was first missed; at the look after, the
+    first transaction not yet begun (``xmax``) and the newest id visible then (``upto``)."""
 
     missing: int
     seen_at: float
     xmax: int | None = None
+    upto: int = 0
     warned: bool = False
 
 
@@ -133,10 +134,10 @@ class OutboxRelay:
         self._through = 0
         self._already: set[int] = set()
         self._gap: Gap | None = None
+        self._settled = 0
+        """Every id up to this one that is not visible never will be (a gap passed)."""
         self.published = 0
         """Events published since it started (the ledger's metrics)."""
-        self.skipped = 0
-        """Ids passed because their statements rolled back (never committed)."""
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="ledger-outbox-relay")
@@ -215,7 +216,7 @@ class OutboxRelay:
     async def _take_over(self, conn: asyncpg.Connection, ledger_id: str) -> None:
         """Read the watermark, and find the events a relay that died mid-batch had already
         published after its last finished batch: they are passed, not published again."""
-        self._gap, self._already = None, set()
+        self._gap, self._already, self._settled = None, set(), 0
         through, stream_after = await conn.fetchrow(RELAY_STATE.sql)
         self._through = through
         if stream_after is None:
@@ -231,7 +232,8 @@ class OutboxRelay:
         entries = await conn.fetch(RELAY_EVENTS.sql, *RELAY_EVENTS.args({"after": self._through, "batch": BATCH}))
         through, events = self._through, []
         for entry in entries:
-            if entry["id"] != through + 1 and not await self._gap_passed(conn, through + 1, entry["id"]):
+            unsettled = entry["id"] != through + 1 and entry["id"] - 1 > self._settled
+            if unsettled and not await self._gap_passed(conn, through + 1, entries[-1]["id"]):
                 break
             through = entry["id"]
             if entry["run"] is not None and through not in self._already:
@@ -246,11 +248,12 @@ class OutboxRelay:
         self._already = {event_id for event_id in self._already if event_id > through}
         return moved
 
-    async def _gap_passed(self, conn: asyncpg.Connection, missing: int, present: int) -> bool:
-        """Whether the ids from ``missing`` up to ``present`` (excluded) can no longer commit.
-        The horizon is taken at the look after the first miss: by then a statement that drew
-        such an id has its transaction id (every ledger statement writes a row before its log
-        entries), so it is among those the horizon waits for."""
+    async def _gap_passed(self, conn: asyncpg.Connection, missing: int, newest: int) -> bool:
+        """Whether the id ``missing`` can no longer commit (nor any other below the newest id
+        visible at the look after it was first missed: then they are all passed at once).
+        The horizon is taken at that second look: by then a statement that drew such an id has
+        its transaction id (every ledger statement writes a row before its log entries), so it
+        is among those the horizon waits for."""
         gap = self._gap
         now = time.monotonic()
         if gap is None or gap.missing != missing:
@@ -258,7 +261,7 @@ class OutboxRelay:
             return False
         horizon = await conn.fetchrow(RELAY_HORIZON.sql)
         if gap.xmax is None:
-            gap.xmax = int(horizon["xmax"])
+            gap.xmax, gap.upto = int(horizon["xmax"]), newest
             return False
         waited = now - gap.seen_at
         if int(horizon["xmin"]) < gap.xmax and waited < GAP_MAX_S:
@@ -269,9 +272,8 @@ class OutboxRelay:
             return False
         if waited >= GAP_MAX_S:
             log.warning("outbox relay passed ids no transaction committed within its wait",
-                        extra={"first": missing, "last": present - 1, "waited_s": round(waited, 1)})
-        self._gap = None
-        self.skipped += present - missing
+                        extra={"from": missing, "through": gap.upto, "waited_s": round(waited, 1)})
+        self._gap, self._settled = None, max(self._settled, gap.upto)
         return True
 
     async def _publish(self, ledger_id: str, events: list[tuple[int, str, str, str, str | None]]) -> int:

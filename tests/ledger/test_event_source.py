@@ -79,23 +79,31 @@ async def test_an_event_that_commits_after_newer_ones_holds_them_back_then_all_g
     assert mine[0] == late_id and mine == sorted(mine) and len(mine) == len(set(mine)) == 2
 
 
-async def test_an_id_rolled_back_does_not_hold_the_relay(ledger, nc, db, ledger_db, unique):
-    gone, after = f"gone{unique}", f"after{unique}"
-    await ledger.run(gone)
-    held = await asyncpg.connect(plain(ledger_db))
+async def test_ids_rolled_back_do_not_hold_the_relay(ledger, nc, db, ledger_db, unique):
+    """Two statements draw ids between the ledger's changes and roll back after the relay met
+    the gaps: every committed event still arrives, once."""
+    gone, runs = [f"gone{unique}", f"gone2{unique}"], [f"a{unique}", f"b{unique}"]
+    for run in gone:  # one each: the drawing statements lock their run's row
+        await ledger.run(run)
+    held = [await asyncpg.connect(plain(ledger_db)) for _ in runs]
+    burned = []
     try:
-        tx = held.transaction()
-        await tx.start()
-        burned = await draw_an_event(held, gone)
-        await ledger.run(after)
-        await asyncio.sleep(0.3)  # the relay meets the gap while its transaction runs
-        await tx.rollback()
+        for conn, run, gone_run in zip(held, runs, gone, strict=True):
+            tx = conn.transaction()
+            await tx.start()
+            burned.append(await draw_an_event(conn, gone_run))
+            await ledger.run(run)
+        await asyncio.sleep(0.3)  # the relay meets the gaps while their transactions run
+        for conn in held:
+            await conn.execute("ROLLBACK")
     finally:
-        await held.close()
+        for conn in held:
+            await conn.close()
     assert await none_waiting(db)
-    found = await stream_ids(nc, subjects.ledger_run_events(after))
-    assert len(found) == 1 and found[0][0] > burned
-    assert await db.fetchval("SELECT count(*) FROM run_log WHERE id = $1", burned) == 0
+    for run, burned_id in zip(runs, burned, strict=True):
+        found = await stream_ids(nc, subjects.ledger_run_events(run))
+        assert len(found) == 1 and found[0][0] > burned_id
+    assert await db.fetchval("SELECT count(*) FROM run_log WHERE id = ANY($1::bigint[])", burned) == 0
 
 
 async def test_a_database_from_before_0007_publishes_its_outbox_once_then_the_log(nats_url, nc, database_url,
