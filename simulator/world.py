@@ -11,6 +11,7 @@ the simulator does not refuse: it carries on as leniently as the sidecar's passt
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,6 +107,9 @@ class ShardWorld:
         self.holds: dict[tuple[str, str], Hold] = {}
         self.objects: dict[str, WorldObject] = {}
         self.pruned: dict[str, set[str]] = {}
+        self.despawned: Counter[str] = Counter()
+        """How many answered ``world.despawn`` commands named each serial (one command carries
+        many): a test's exactly-once check counts serials, not commands."""
         self.ledgers: dict[str, ParticipationLedger] = {}
         self.accounts: dict[str, dict[str, Any]] = {name: {"banned": False, "linked": None} for name in
                                                     ("alice", "bob", *PROTECTED_ACCOUNTS)}
@@ -314,6 +318,8 @@ class ShardWorld:
         answer: dict[str, Any] = {"kind": "world.despawn.ok", "runId": run_id, "removed": [], "gone": [],
                                   "refused": []}
         for serial in serials:
+            if isinstance(serial, str):
+                self.despawned[serial] += 1
             obj = self.objects.get(serial) if isinstance(serial, str) else None
             if obj is not None and obj.run_id == run_id:
                 answer["removed" if obj.present else "gone"].append(serial)
