@@ -16,11 +16,11 @@ nats-server, with a real ``shardbus run ledger`` process:
    to round), ``--seconds / --rounds`` each. Every round's figures are kept (``rounds``); a
    level's figures are their medians, and ``transition_ratio`` is the median of the rounds'
    ratios at 32 clients (target >= 1.0, issue 15);
-3. what the transactional outbox costs, in the same run, straight through asyncpg with the
-   ledger stopped: the reserve+confirm statements with their run-log entries, without and
-   with the outbox insert the ledger's statements carry (``outbox_cost_ratio``), and how fast
-   the relay then publishes the events left in the outbox into JetStream
-   (``relay_events_per_s``, a ledger started on a full outbox);
+3. what the update event costs, in the same run, straight through asyncpg with the ledger
+   stopped: the reserve+confirm statements with their one run-log entry each, without and with
+   the event's run and resource JSON on that entry (ADR 0009; ``event_cost_ratio``, the median
+   of ``--rounds`` interleaved rounds), and how fast the relay then publishes the events left
+   above its watermark into JetStream (``relay_events_per_s``, a ledger started on that backlog);
 4. the run console's first page (run, 1,000 resources, counts, unresolved) over NATS in a
    database of 1,000,000 resources (generated set-based with ``generate_series``, once), the
    suite idle: in each of the ``--rounds`` rounds, p50/p99 over ``CONSOLE_READS`` requests
@@ -183,49 +183,51 @@ _LOGGED_RESERVE = """
     WITH ins AS (
         INSERT INTO resources (run_id, module, kind, ref, status, idempotency_key)
         VALUES ($1, 'raw', 'creature', $2, 'pending', $3) ON CONFLICT (idempotency_key) DO NOTHING RETURNING *
-    ), logged AS (
-        INSERT INTO run_log (run_id, resource_id, kind, detail)
-        SELECT run_id, id, 'resource.recorded', jsonb_build_object('status', status) FROM ins
-    ){events}
+    ), logged AS ({logged})
     SELECT id FROM ins"""
 _LOGGED_CONFIRM = """
     WITH changed AS (
         UPDATE resources SET status = 'confirmed', updated_at = now() WHERE id = $1 AND status = ANY($2) RETURNING *
-    ), logged AS (
-        INSERT INTO run_log (run_id, resource_id, kind, detail)
-        SELECT run_id, id, 'resource.confirmed', jsonb_build_object('status', status) FROM changed
-    ){events}
+    ), logged AS ({logged})
     SELECT id FROM changed"""
-_EVENTS = """, events AS (
-        INSERT INTO ledger_outbox (run_id, type, run, resource)
-        SELECT c.run_id, '{kind}', json_build_object('runId', r.run_id, 'status', r.status), row_to_json(c)
-        FROM {source} c JOIN runs r ON r.run_id = c.run_id
-    )"""
+_LOG_ONLY = """
+        INSERT INTO run_log (run_id, resource_id, kind, detail)
+        SELECT run_id, id, '{kind}', jsonb_build_object('status', status) FROM {source}"""
+_LOG_WITH_EVENT = """
+        INSERT INTO run_log (run_id, resource_id, kind, detail, run, resource)
+        SELECT c.run_id, c.id, '{kind}', jsonb_build_object('status', c.status),
+               json_build_object('runId', r.run_id, 'status', r.status), row_to_json(c)
+        FROM {source} c JOIN runs r ON r.run_id = c.run_id"""
 
 
-async def logged_transitions(db_url: str, seconds: float, outbox: bool) -> float:
-    """reserve+confirm as the ledger's statements write them (each with its run-log entry),
-    without or with the outbox insert; transitions/s through asyncpg."""
-    reserve = _LOGGED_RESERVE.format(events=_EVENTS.format(kind="resource.recorded", source="ins") if outbox else "")
-    confirm = _LOGGED_CONFIRM.format(events=_EVENTS.format(kind="resource.confirmed", source="changed")
-                                     if outbox else "")
-    return (await _pairs_through_asyncpg(db_url, seconds, f"logged{int(outbox)}", reserve, confirm))[0]
+async def logged_transitions(db_url: str, seconds: float, event: bool) -> float:
+    """reserve+confirm as the ledger's statements write them, each with its one run-log entry,
+    without or with the update event's run and resource JSON on that entry (ADR 0009: the log is
+    the event source); transitions/s through asyncpg."""
+    log = _LOG_WITH_EVENT if event else _LOG_ONLY
+    reserve = _LOGGED_RESERVE.format(logged=log.format(kind="resource.recorded", source="ins"))
+    confirm = _LOGGED_CONFIRM.format(logged=log.format(kind="resource.confirmed", source="changed"))
+    return (await _pairs_through_asyncpg(db_url, seconds, f"logged{int(event)}", reserve, confirm))[0]
 
 
-async def outbox_rows(db_url: str) -> int:
+_ABOVE_WATERMARK = "SELECT count(*) FROM run_log WHERE id > (SELECT relayed_through FROM ledger_relay)"
+
+
+async def events_waiting(db_url: str) -> int:
+    """Update events in the run log the relay has not yet moved its watermark past."""
     conn = await asyncpg.connect(_plain(db_url))
     try:
-        return await conn.fetchval("SELECT count(*) FROM ledger_outbox")
+        return await conn.fetchval(_ABOVE_WATERMARK + " AND run IS NOT NULL")
     finally:
         await conn.close()
 
 
 async def drain_time(db_url: str, timeout: float = 300.0) -> float:
-    """Seconds until the outbox is empty (a relay at work)."""
+    """Seconds until the relay's watermark is past every run-log entry (a relay at work)."""
     conn = await asyncpg.connect(_plain(db_url))
     started = time.perf_counter()
     try:
-        while await conn.fetchval("SELECT count(*) FROM ledger_outbox") and time.perf_counter() - started < timeout:
+        while await conn.fetchval(_ABOVE_WATERMARK) and time.perf_counter() - started < timeout:
             await asyncio.sleep(0.02)
         return time.perf_counter() - started
     finally:
@@ -458,9 +460,12 @@ def main() -> int:
         if args.only == "transitions":
             return 0
         transitions, raw = sweep[CLIENTS]["transitions_per_s"], sweep[CLIENTS]["raw_updates_per_s"]
-        without_outbox = asyncio.run(logged_transitions(db_url, args.seconds, outbox=False))
-        with_outbox = asyncio.run(logged_transitions(db_url, args.seconds, outbox=True))
-        backlog = asyncio.run(outbox_rows(db_url))
+        log_only, log_with_event = [], []
+        for n in range(args.rounds):  # interleaved, the first of the two alternating
+            for event in (False, True) if n % 2 == 0 else (True, False):
+                rate = asyncio.run(logged_transitions(db_url, args.seconds / args.rounds, event=event))
+                (log_with_event if event else log_only).append(rate)
+        backlog = asyncio.run(events_waiting(db_url))
         ledger = start_ledger(tmp, nats_server.url, db_url)  # its relay finds the backlog
         relay_s = asyncio.run(drain_time(db_url))
         started = time.perf_counter()
@@ -481,9 +486,9 @@ def main() -> int:
         "transition_errors": errors,
         "transitions_by_clients": {str(clients): level for clients, level in sweep.items()},
         "relay_lag_after_load_s": round(lag_s, 3),
-        "logged_transitions_per_s_without_outbox": round(without_outbox, 1),
-        "logged_transitions_per_s_with_outbox": round(with_outbox, 1),
-        "outbox_cost_ratio": round(with_outbox / without_outbox, 3),
+        "logged_transitions_per_s_without_event": _median(log_only, 1),
+        "logged_transitions_per_s_with_event": _median(log_with_event, 1),
+        "event_cost_ratio": _median([e / p for e, p in zip(log_with_event, log_only, strict=True)]),
         "relay_backlog_events": backlog,
         "relay_events_per_s": round(backlog / relay_s, 1) if relay_s else None,
         **console,
