@@ -70,6 +70,9 @@ async def test_a_ledger_that_starts_with_leases_past_their_deadline_says_so(nats
         await wait_until_serving(nc)
         await _leases(LedgerClient(nc), f"r{unique}")
     caplog.set_level(logging.INFO, logger="shardbus.ledger")
+    # The first ledger's look at start may land while the leases are being recorded (it runs
+    # beside them) and warn of fewer: only the second start's look is this test's.
+    caplog.clear()
     async with create_app(settings):
         await wait_until_serving(nc)
         for _ in range(100):
