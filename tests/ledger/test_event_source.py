@@ -96,14 +96,14 @@ async def test_ids_rolled_back_do_not_hold_the_relay(ledger, nc, db, ledger_db, 
     held = [await asyncpg.connect(plain(ledger_db)) for _ in runs]
     burned = []
     try:
-        for conn, run, gone_run in zip(held, runs, gone, strict=True):
-            tx = conn.transaction()
+        transactions = [conn.transaction() for conn in held]
+        for conn, tx, run, gone_run in zip(held, transactions, runs, gone, strict=True):
             await tx.start()
             burned.append(await draw_an_event(conn, gone_run))
             await ledger.run(run)
         await asyncio.sleep(0.3)  # the relay meets the gaps while their transactions run
-        for conn in held:
-            await conn.execute("ROLLBACK")
+        for tx in transactions:
+            await tx.rollback()
     finally:
         for conn in held:
             await conn.close()
