@@ -122,6 +122,7 @@ class Connections:
         if not link.closed:
             log.info("shard disconnected", extra={"shard": link.shard, "reason": why, "frames": link.frames,
                                                   "deadLetters": link.dead_letters,
+                                                  "readsPaused": link.reads_paused,
                                                   "connectedForS": round(time.time() - link.connected_at, 3)})
         link.close(why)
         await self.commands.closed(link, why)
@@ -150,7 +151,7 @@ class Connections:
         next_ping = time.monotonic() + self.settings.ping_every_s
         while not link.closed:
             await asyncio.sleep(min(self.settings.ping_every_s, timeout) / 4)
-            if time.time() - link.last_line_at > timeout:
+            if link.silent_for(time.time()) > timeout:
                 link.ending = f"silent for {timeout} s"  # logged once, as "shard disconnected"
                 link.writer.transport.abort()
                 return
@@ -164,7 +165,8 @@ class Connections:
         the shard closes, raises why the link ended otherwise."""
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
         transport = cast(asyncio.Transport, link.writer.transport)
-        lines = ShardLines(link, self.intake.take_now, self.line_cap, transport.get_protocol(), transport)
+        lines = ShardLines(link, self.intake.take_now, self.line_cap, transport.get_protocol(), transport,
+                           self.counts)
         # What the hello's StreamReader read past the hello is the start of the next lines
         # (its buffer and end-of-stream flag: asyncio has no public way to take them back).
         lines.start(bytes(reader._buffer), reader._eof)  # type: ignore[attr-defined]

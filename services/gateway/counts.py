@@ -73,6 +73,8 @@ class GatewayCounts:
         self.commands: dict[int, int] = {}
         """Replies to commands by status."""
         self.command_seconds = Buckets()
+        self.reads_paused = 0
+        """Times a shard's reading was paused for a line that had to wait (back-pressure)."""
         self.last_line_at: dict[str, float] = {}
         """Each shard's last line (unix time), kept after it disconnects (see :func:`collector`)."""
 

@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from services.gateway.link import ShardLink
+from services.gateway.counts import GatewayCounts
+from services.gateway.link import WRITE_HIGH_WATER, ShardLink
 from services.gateway.wire import LineTooLong
 
 TakeNow = Callable[[ShardLink, bytes], Coroutine[Any, Any, None] | None]
@@ -31,8 +32,9 @@ class ShardLines(asyncio.Protocol):
     its flow control (``drain``) and its end are passed on to it."""
 
     def __init__(self, link: ShardLink, take_now: TakeNow, cap: int, stream: asyncio.BaseProtocol,
-                 transport: asyncio.Transport) -> None:
+                 transport: asyncio.Transport, counts: GatewayCounts | None = None) -> None:
         self.link, self.take_now, self.cap = link, take_now, cap
+        self.counts = counts or GatewayCounts()
         self.stream, self.transport = stream, transport
         self.buf = bytearray()
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -73,12 +75,18 @@ class ShardLines(asyncio.Protocol):
             self._take_lines()
 
     def _take_lines(self) -> None:
+        """Take the buffer's whole lines until one must wait (then reading is paused, and the
+        rest waits in the buffer: whole lines, however many, are not a long line). The cap is
+        on one line: the line being taken, or the unfinished one after the last newline
+        (docs/gateway.md, Wire). Lines before an over-long one are all taken first."""
         buf, cap = self.buf, self.cap
         start = 0
         try:
             while not self.done.done():
                 end = buf.find(b"\n", start)
                 if end < 0:
+                    if len(buf) - start > cap:  # unfinished, and already past the cap
+                        raise LineTooLong(f"line longer than {cap} bytes")
                     break
                 if end - start > cap:
                     raise LineTooLong(f"line longer than {cap} bytes")
@@ -87,9 +95,8 @@ class ShardLines(asyncio.Protocol):
                 if self._take(line):
                     break
             del buf[:start]
-            if len(buf) > cap and not self.done.done():
-                raise LineTooLong(f"line longer than {cap} bytes")
         except Exception as exc:  # noqa: BLE001 — the link ends with it (Connections.handle says why)
+            del buf[:start]
             self._end(exc)
 
     def _take(self, line: bytes) -> bool:
@@ -101,8 +108,15 @@ class ShardLines(asyncio.Protocol):
             return False
         rest = self.take_now(link, line)
         if rest is None:
-            return False
+            if link.unsent_bytes() <= WRITE_HIGH_WATER:
+                return False
+            # The shard reads slower than its lines make the gateway write (a frame.ack each):
+            # its next lines wait until it has read, rather than the link ending at UNREAD_MAX.
+            rest = link.drained()
         self.transport.pause_reading()
+        link.held = True
+        link.reads_paused += 1
+        self.counts.reads_paused += 1
         self._rest = asyncio.ensure_future(self._finish(rest))
         return True
 
@@ -114,6 +128,7 @@ class ShardLines(asyncio.Protocol):
             return
         finally:
             self._rest = None
+            self.link.held, self.link.released_at = False, time.time()
         if self.done.done():
             return
         self.transport.resume_reading()

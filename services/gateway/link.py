@@ -46,6 +46,13 @@ class ShardLink:
     epoch: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     connected_at: float = field(default_factory=time.time)
     last_line_at: float = field(default_factory=time.time)
+    held: bool = False
+    """True while the gateway holds the shard's lines (reading paused: back-pressure). The
+    shard is not silent then, it is not being heard: the silence watchdog waits."""
+    released_at: float = 0.0
+    """When the gateway last stopped holding the shard's lines (``time.time()``)."""
+    reads_paused: int = 0
+    """Times the gateway held the shard's lines (logged when the link ends)."""
     line_no: int = 0
     frames: int = 0
     dead_letters: int = 0
@@ -66,6 +73,13 @@ class ShardLink:
     def shard(self) -> str:
         return self.hello.shard
 
+    def silent_for(self, now: float) -> float:
+        """Seconds the shard has been silent, for the watchdog: none while the gateway holds its
+        lines, and counted again from when it let go of them (docs/gateway.md, Wire)."""
+        if self.held:
+            return 0.0
+        return now - max(self.last_line_at, self.released_at)
+
     async def send(self, line: bytes) -> None:
         """Write one line to the shard (a closed link swallows it).
 
@@ -77,6 +91,10 @@ class ShardLink:
                 await self.writer.drain()
             except ConnectionError:
                 pass
+
+    async def drained(self) -> None:
+        """Wait until the shard has read what waits for it (to the transport's low-water mark)."""
+        await self.writer.drain()
 
     def post(self, line: bytes) -> bool:
         """Queue one line for this turn's write; False when the link is closed."""

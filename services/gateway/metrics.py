@@ -33,6 +33,9 @@ def collector(gateway: Callable[[], Gateway | None]) -> Callable[[], Iterator[Me
                        counts.dead_letters)
         yield _counter("commands_total", "Replies to commands, by status.", "status",
                        {(str(s) if s else OTHER): n for s, n in dict(counts.commands).items()})
+        paused = CounterMetricFamily(f"{NAME}reads_paused", "Times reading from a shard was paused for a "
+                                     "line that had to wait (back-pressure).", value=counts.reads_paused)
+        yield paused
         yield histogram(f"{NAME}command_duration_seconds", "From a command's request to its reply.",
                         series=[((), counts.command_seconds)])
         links = dict(served.links) if served else {}
