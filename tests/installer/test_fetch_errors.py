@@ -182,3 +182,34 @@ def test_a_host_trickling_a_byte_at_a_time_is_cut_at_the_deadline_of_the_whole_t
     assert "timed out: no whole answer within 0.5 s" in refused.value.message
     sent = releases.sent[f"/{unique}/{what}"]
     assert len(sent) == 2 and all(n < len(TRICKLED) for n in sent)
+
+
+def test_a_host_whose_certificate_is_not_trusted_is_a_502_at_once(releases, unique):
+    url = releases.serve(f"/{unique}/m.json", b"{}")
+    fetcher = Fetcher(["127.0.0.1"], timeout_s=5, attempts=3, retry_wait_s=0.01)  # the test CA not loaded
+    with pytest.raises(Refused) as refused:
+        fetcher.fetch_manifest(url, 4096)
+    assert refused.value.status == 502 and "TLS certificate this installer does not trust" in refused.value.message
+    assert releases.hits[f"/{unique}/m.json"] == 0
+
+
+def test_redirects_are_followed_on_allowed_hosts_up_to_five_times(releases, ca_file, unique):
+    fetcher = Fetcher(["127.0.0.1"], ca_file=str(ca_file[0]), timeout_s=5, attempts=1, retry_wait_s=0.01)
+    releases.serve(f"/{unique}/hop5", b'{"here": true}')
+    for hop in range(5):
+        releases.serve(f"/{unique}/hop{hop}", b"", status=302 if hop % 2 else 307, location=f"/{unique}/hop{hop + 1}")
+    assert fetcher.fetch_manifest(releases.url(f"/{unique}/hop0"), 4096) == b'{"here": true}'
+    releases.serve(f"/{unique}/hop5", b"", status=301, location=releases.url(f"/{unique}/hop6"))
+    with pytest.raises(Refused) as refused:
+        fetcher.fetch_manifest(releases.url(f"/{unique}/hop0"), 4096)
+    assert refused.value.status == 400 and "redirected more than 5 times" in refused.value.message
+    assert releases.hits[f"/{unique}/hop6"] == 0
+
+
+def test_a_redirect_to_plain_http_is_refused_before_it_is_followed(releases, ca_file, unique):
+    fetcher = Fetcher(["127.0.0.1"], ca_file=str(ca_file[0]), timeout_s=5, attempts=1, retry_wait_s=0.01)
+    url = releases.serve(f"/{unique}/moved", b"", status=302, location=f"http://{releases.host}/{unique}/m.json")
+    with pytest.raises(Refused) as refused:
+        fetcher.fetch_manifest(url, 4096)
+    assert refused.value.status == 400 and "manifest redirect URL" in refused.value.message
+    assert "not https" in refused.value.message
