@@ -10,17 +10,17 @@ headers and the body, so a host trickling a byte at a time is cut there) are ret
 back-off (tenacity) and are a 502 at the end; a 4xx is a 400 at once. Every refusal carries the
 upstream body, if any.
 
-The fetcher is synchronous, on the standard library's ``http.client``, and meant to run in
-a worker thread (``asyncio.to_thread``), keeping the event loop free for requests and lock
-renewals. Measured on this machine over local TLS, it reads a body at ~550 MB/s against
-~190 MB/s for httpx's sync client and ~100 MB/s for its async one (h11 handles every TLS
-record in Python); the artifact download is most of an install's time.
+The HTTP is httpx's synchronous client (TLS, certificate checks, HTTP/1.1 framing, building a
+redirect's request from its ``Location``): security-sensitive work kept by a maintained library
+rather than by hand. Redirects are not followed by httpx itself: each hop's URL is checked
+against the allowlist before it is requested, and a redirect's body is never read. The fetcher
+runs in a worker thread (``asyncio.to_thread``), keeping the event loop free for requests and
+lock renewals. Its throughput against ``http.client`` is in docs/installer.md ("Code").
 """
 
 from __future__ import annotations
 
 import hashlib
-import http.client
 import re
 import socket
 import ssl
@@ -29,9 +29,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http import HTTPStatus
-from typing import Protocol, TypeVar
-from urllib.parse import SplitResult, urljoin, urlsplit
+from http.cookiejar import CookieJar, DefaultCookiePolicy
+from typing import Any, Protocol, TypeVar
+from urllib.parse import SplitResult, urlsplit
 
+import httpx
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from services.installer.refusals import BAD_INPUT, UPSTREAM_FAILED, Refused
@@ -40,15 +42,18 @@ from shared.logs import redact
 MAX_REDIRECTS = 5
 """Redirects followed before a fetch is refused."""
 
-REDIRECTS = frozenset({HTTPStatus.MOVED_PERMANENTLY, HTTPStatus.FOUND, HTTPStatus.SEE_OTHER,
-                       HTTPStatus.TEMPORARY_REDIRECT, HTTPStatus.PERMANENT_REDIRECT})
-"""The answers whose ``Location`` is followed (to an allowed https host)."""
-
 BODY_EXCERPT_CHARS = 500
 """How much of an upstream error body a refusal quotes."""
 
 READ_BYTES = 1024 * 1024
-"""Read size when streaming a body."""
+"""An artifact's bytes go to the sink (and to progress) in pieces of about this size."""
+
+HEADERS = {
+    # identity: the bytes hashed are the bytes the manifest's sha256 is about, and no transfer
+    # decoding can expand a small answer into a large one (the body is read raw besides).
+    "Accept-Encoding": "identity",
+    "User-Agent": "shardbus-installer",
+}
 
 Progress = Callable[[int, int | None], None]
 """Called with (bytes received, bytes expected or None) while an artifact downloads."""
@@ -78,9 +83,10 @@ class _Transient(Exception):
 
 
 class _Try:
-    """One attempt's deadline over its whole course. Socket timeouts bound each read, and a host
+    """One attempt's deadline over its whole course. httpx's timeouts bound each read, and a host
     sending a byte just inside each would hold a read for ever: at the deadline a timer shuts the
-    connection in use down, so a read blocked on it returns at once."""
+    socket in use down, so a read blocked on it returns at once. The socket is learnt from httpx's
+    ``trace`` request extension as each connection is made and its TLS set up."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
@@ -103,9 +109,21 @@ class _Try:
     def expired(self) -> bool:
         return self.remaining() <= 0
 
+    def timeout(self) -> httpx.Timeout:
+        """Each connect, write and read of the hop about to start, bounded by what is left."""
+        return httpx.Timeout(max(min(self.timeout_s, self.remaining()), 0.001))
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        """httpx's ``trace`` extension: watch the socket of each new connection (keep-alive is
+        off, so every hop has its own), then the TLS one wrapped around it."""
+        if event in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            stream = info.get("return_value")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            if isinstance(sock, socket.socket):
+                self.watch(sock)
+
     def watch(self, sock: socket.socket) -> None:
-        """``sock`` is the one in use from now on (a redirect opens another). The socket, not its
-        connection: http.client hands a closing response's socket over and forgets it."""
+        """``sock`` is the one in use from now on (a redirect opens another)."""
         with self._lock:
             self._sock = sock
         if self.expired():
@@ -128,8 +146,7 @@ class _Try:
 
     def check_whole(self, what: str, url: str, size: int, declared: int | None) -> None:
         """After the body's last read: a try cut by its deadline, or a body shorter than its
-        Content-Length (http.client reads that as a plain end), is worth another try, never a
-        sha256 mismatch."""
+        Content-Length, is worth another try, never a sha256 mismatch."""
         if self.expired():
             raise self.timed_out(what, url)
         if declared is not None and size < declared:
@@ -159,9 +176,9 @@ def check_url(url: str, allowed_hosts: list[str], what: str) -> SplitResult:
     return parsed
 
 
-def _declared_length(response: http.client.HTTPResponse) -> int | None:
+def _declared_length(response: httpx.Response) -> int | None:
     """The Content-Length the server announced, if it announced a sane one."""
-    length = response.getheader("content-length", "") or ""
+    length = response.headers.get("content-length", "")
     return int(length) if length.isdigit() else None
 
 
@@ -177,6 +194,41 @@ def _excerpt(body: bytes) -> str:
     return text[:BODY_EXCERPT_CHARS] + ("…" if len(text) > BODY_EXCERPT_CHARS else "")
 
 
+def _untrusted(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate check that failed under an httpx error, if that is what it was."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+class _Body:
+    """A 2xx answer whose body is being read: its chunks as they arrive, counted, with the
+    network's failures (and the try's deadline) turned into :class:`_Transient`."""
+
+    def __init__(self, response: httpx.Response, what: str, url: str, this_try: _Try) -> None:
+        self.response, self.what, self.url, self.this_try = response, what, url, this_try
+        self.declared = _declared_length(response)
+        self.size = 0
+
+    def chunks(self) -> Iterator[bytes]:
+        try:
+            for chunk in self.response.iter_raw():
+                self.size += len(chunk)
+                yield chunk
+        except httpx.TransportError as exc:
+            if self.this_try.expired() or isinstance(exc, httpx.TimeoutException):
+                raise self.this_try.timed_out(self.what, self.url) from None
+            if self.declared is not None and self.size < self.declared:
+                raise _Transient(f"the {self.what} {self.url} ended after {self.size} of its {self.declared} bytes "
+                                 f"({type(exc).__name__})") from None
+            raise _Transient(f"{self.response.url.host} cut the {self.what} off ({type(exc).__name__}: {exc})") \
+                from None
+        self.this_try.check_whole(self.what, self.url, self.size, self.declared)
+
+
 class Fetcher:
     """Fetches from allowed hosts with a timeout, retries and caps; one per service."""
 
@@ -187,14 +239,23 @@ class Fetcher:
         self.attempts = attempts
         self.retry_wait_s = retry_wait_s
         self._tls = ssl.create_default_context()
+        if ca_file:
+            self._tls.load_verify_locations(ca_file)
         self.fetched_bytes = 0
         """Bytes read from release servers since the service started (its metrics)."""
         self._counting = threading.Lock()  # fetches run in threads, several at once
-        if ca_file:
-            self._tls.load_verify_locations(ca_file)
 
     def close(self) -> None:
-        """Nothing is pooled: each fetch has its own connection."""
+        """Nothing is pooled: each try has its own client and connections."""
+
+    def _client(self) -> httpx.Client:
+        """A client for one try. trust_env off: no proxy, netrc credentials or CA bundle from the
+        environment (only SHARDBUS_INSTALLER_CA_FILE adds trust); no cookies kept or sent; no
+        keep-alive, so each hop has its own connection (the socket a try's deadline shuts down).
+        Fetches are a few a day: nothing is worth sharing between them."""
+        return httpx.Client(verify=self._tls, trust_env=False, follow_redirects=False, headers=HEADERS,
+                            cookies=CookieJar(DefaultCookiePolicy(allowed_domains=[])),
+                            limits=httpx.Limits(max_keepalive_connections=0))
 
     def _fetched(self, n: int) -> None:
         with self._counting:
@@ -206,18 +267,14 @@ class Fetcher:
 
         def attempt() -> bytes:
             chunks: list[bytes] = []
-            size = 0
-            with _Try(self.timeout_s) as this_try, self._open(url, "manifest", this_try) as response:
-                declared = _declared_length(response)
-                if (declared or 0) > max_bytes:
+            with _Try(self.timeout_s) as this_try, self._open(url, "manifest", this_try) as body:
+                if (body.declared or 0) > max_bytes:
                     raise Refused(BAD_INPUT, f"the manifest at {url} is larger than {max_bytes} bytes")
-                while chunk := response.read(max_bytes + 1 - size):
-                    size += len(chunk)
+                for chunk in body.chunks():
                     self._fetched(len(chunk))
-                    if size > max_bytes:
+                    if body.size > max_bytes:
                         raise Refused(BAD_INPUT, f"the manifest at {url} is larger than {max_bytes} bytes")
                     chunks.append(chunk)
-                this_try.check_whole("manifest", url, size, declared)
             return b"".join(chunks)
 
         return self._retrying(attempt, url, "manifest")
@@ -229,24 +286,33 @@ class Fetcher:
         check_url(url, self.allowed_hosts, "artifact")
 
         def attempt() -> tuple[str, int]:
-            digest, size = hashlib.sha256(), 0
+            digest = hashlib.sha256()
             sink = make_sink()
+            piece: list[bytes] = []  # the network's reads (a TLS record, 16 KiB) gathered into ~READ_BYTES
+            gathered = 0
             try:
-                with _Try(self.timeout_s) as this_try, self._open(url, "artifact", this_try) as response:
-                    total = _declared_length(response)
+                with _Try(self.timeout_s) as this_try, self._open(url, "artifact", this_try) as body:
+                    total = body.declared
                     if total is not None and total > max_bytes:
                         raise Refused(BAD_INPUT, f"the artifact at {url} is {total} bytes, over the cap of "
                                                  f"{max_bytes} bytes")
-                    while chunk := response.read(READ_BYTES):
-                        size += len(chunk)
+                    for chunk in body.chunks():
                         self._fetched(len(chunk))
-                        if size > max_bytes:
+                        if body.size > max_bytes:
                             raise Refused(BAD_INPUT, f"the artifact at {url} is over the cap of {max_bytes} bytes")
                         digest.update(chunk)
-                        sink.write(chunk)
-                        if progress is not None:
-                            progress(size, total)
-                    this_try.check_whole("artifact", url, size, total)
+                        piece.append(chunk)
+                        gathered += len(chunk)
+                        if gathered >= READ_BYTES:
+                            sink.write(b"".join(piece))
+                            piece, gathered = [], 0
+                            if progress is not None:
+                                progress(body.size, total)
+                    if piece:
+                        sink.write(b"".join(piece))
+                    if progress is not None:
+                        progress(body.size, total)
+                    size = body.size
             except BaseException:
                 sink.abort()
                 raise
@@ -271,70 +337,62 @@ class Fetcher:
                 from None
 
     @contextmanager
-    def _open(self, url: str, what: str, this_try: _Try) -> Iterator[http.client.HTTPResponse]:
-        """A 2xx response for ``url`` (body unread), following redirects only to allowed https hosts.
-        Network failures, also while the caller reads the body, become :class:`_Transient`; so
-        does the try's deadline passing."""
-        current = url
-        for _hop in range(MAX_REDIRECTS + 1):
-            parsed = check_url(current, self.allowed_hosts, what if current == url else f"{what} redirect")
-            assert parsed.hostname is not None  # check_url refuses a URL naming no host
+    def _open(self, url: str, what: str, this_try: _Try) -> Iterator[_Body]:
+        """A 2xx answer for ``url`` (body unread), following redirects only to allowed https hosts,
+        each checked before it is requested. Network failures, also while the caller reads the
+        body, become :class:`_Transient`; so does the try's deadline passing."""
+        with self._client() as client:
+            yield from self._hops(client, url, what, this_try)
+
+    def _hops(self, client: httpx.Client, url: str, what: str, this_try: _Try) -> Iterator[_Body]:
+        try:
+            request = client.build_request("GET", url, extensions={"trace": this_try.trace})
+        except httpx.InvalidURL as exc:
+            raise Refused(BAD_INPUT, f"the {what} URL {redact(url)!r} is not a valid URL ({exc})") from None
+        for hop in range(MAX_REDIRECTS + 1):
+            current = str(request.url)
+            check_url(current, self.allowed_hosts, f"{what} redirect" if hop else what)
             if this_try.expired():
                 raise this_try.timed_out(what, url)
-            connection = http.client.HTTPSConnection(parsed.hostname, parsed.port,
-                                                     timeout=min(self.timeout_s, this_try.remaining()),
-                                                     context=self._tls)
+            request.extensions["timeout"] = this_try.timeout().as_dict()
+            response = self._send(client, request, what, this_try, url)
             try:
-                response = self._get(connection, parsed, what, this_try, url)
-                if response.status in REDIRECTS and response.getheader("location"):
-                    current = urljoin(current, response.getheader("location"))
+                if response.next_request is not None:  # a redirect with a Location: its body unread
+                    request = response.next_request
                     continue
-                if response.status >= HTTPStatus.BAD_REQUEST or response.status < HTTPStatus.OK:
-                    said = f"{current} answered {response.status}"
-                    body = _excerpt(self._read_network(response, 4 * BODY_EXCERPT_CHARS, parsed, this_try, url))
-                    said += f": {body}" if body else ""
-                    if response.status >= HTTPStatus.INTERNAL_SERVER_ERROR:
+                if response.status_code >= HTTPStatus.BAD_REQUEST or response.status_code < HTTPStatus.OK:
+                    said = f"{current} answered {response.status_code}"
+                    excerpt = _excerpt(self._read_excerpt(_Body(response, "answer", url, this_try)))
+                    said += f": {excerpt}" if excerpt else ""
+                    if response.status_code >= HTTPStatus.INTERNAL_SERVER_ERROR:
                         raise _Transient(said)
                     raise Refused(BAD_INPUT, f"the {what} could not be fetched: {said}")
-                try:
-                    yield response
-                except (TimeoutError, ConnectionError, ssl.SSLError, http.client.HTTPException) as exc:
-                    if this_try.expired():
-                        raise this_try.timed_out(what, url) from None
-                    raise _Transient(f"{parsed.hostname} cut the {what} off ({type(exc).__name__}: {exc})") \
-                        from None
+                yield _Body(response, what, url, this_try)
                 return
             finally:
-                connection.close()
+                response.close()
         raise Refused(BAD_INPUT, f"the {what} URL {url} redirected more than {MAX_REDIRECTS} times")
 
     @staticmethod
-    def _get(connection: http.client.HTTPSConnection, parsed: SplitResult, what: str, this_try: _Try,
-             url: str) -> http.client.HTTPResponse:
-        target = (parsed.path or "/") + (f"?{parsed.query}" if parsed.query else "")
+    def _send(client: httpx.Client, request: httpx.Request, what: str, this_try: _Try, url: str) -> httpx.Response:
+        """The answer's status and headers (body unread); a certificate not trusted is a 502 at once."""
         try:
-            connection.connect()
-            assert connection.sock is not None  # connect() made it or raised
-            this_try.watch(connection.sock)
-            # identity: the bytes hashed are the bytes the manifest's sha256 is about, and no
-            # transfer decoding can expand a small answer into a large one.
-            connection.request("GET", target, headers={"Accept-Encoding": "identity",
-                                                       "User-Agent": "shardbus-installer"})
-            return connection.getresponse()
-        except ssl.SSLCertVerificationError as exc:
-            raise Refused(UPSTREAM_FAILED, f"the {what} host {parsed.hostname} has a TLS certificate this "
-                                           f"installer does not trust ({exc.verify_message})") from None
-        except (OSError, http.client.HTTPException) as exc:
-            if this_try.expired():
+            return client.send(request, stream=True)
+        except httpx.TransportError as exc:
+            untrusted = _untrusted(exc)
+            if untrusted is not None:
+                raise Refused(UPSTREAM_FAILED, f"the {what} host {request.url.host} has a TLS certificate this "
+                                               f"installer does not trust ({untrusted.verify_message})") from None
+            if this_try.expired() or isinstance(exc, httpx.TimeoutException):
                 raise this_try.timed_out(what, url) from None
-            raise _Transient(f"{parsed.hostname} unreachable ({type(exc).__name__}: {exc})") from None
+            raise _Transient(f"{request.url.host} unreachable ({type(exc).__name__}: {exc})") from None
 
     @staticmethod
-    def _read_network(response: http.client.HTTPResponse, size: int, parsed: SplitResult, this_try: _Try,
-                      url: str) -> bytes:
-        try:
-            return response.read(size)
-        except (OSError, http.client.HTTPException) as exc:
-            if this_try.expired():
-                raise this_try.timed_out("answer", url) from None
-            raise _Transient(f"{parsed.hostname} cut its answer off ({type(exc).__name__}: {exc})") from None
+    def _read_excerpt(body: _Body) -> bytes:
+        """The first bytes of an error answer, enough to quote it."""
+        read = bytearray()
+        for chunk in body.chunks():
+            read += chunk
+            if len(read) >= 4 * BODY_EXCERPT_CHARS:
+                break
+        return bytes(read)
