@@ -1,6 +1,6 @@
 """Many shards at once, for ``bench/gateway.py``'s many-shards phase: N shard connections (split
-over one or more gateway ports) each saying the seed's hello (S004: ``server.hello`` with
-``shard``, ``protocol`` 7 and ``token``), then sending frames at R per second each for S seconds,
+over one or more gateway ports) each saying the hello (``server.hello`` with ``shard``,
+``protocol`` 7 and ``token``: docs/gateway.md, "Wire"), then sending frames at R per second each for S seconds,
 from this process alone, so the load costs the gateway's process nothing.
 
 Frames are spread evenly in time: one clock ticks every millisecond and writes the frames due

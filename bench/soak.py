@@ -9,7 +9,7 @@ shard simulator (``simulator.shard.ShardSimulator``, in this process) dials the 
 for the whole soak:
 
 * sends 500 sequenced frames/s (numbered ``i``; the gateway acknowledges each once stored;
-  ``sequenced=True``, SPEC's optional acknowledgement);
+  ``sequenced=True``, the optional acknowledgement of docs/gateway.md, "Frames");
 * receives 20 ``item.catalog`` commands/s sent by this process through NATS (the command
   plane, ``shard.<shard>.cmd.item.catalog``), each round trip timed;
 * every 5 s takes part in an event run: the run is created in the ledger, 5 creatures are
@@ -130,7 +130,8 @@ class CountingWorld(ShardWorld):
             for serial in body.get("serials") or []:
                 self.give_backs[(str(body.get("runId")), str(serial))] += 1
         elif verb == "lease.release":
-            # A release names no run (S004:1186): each run leases the target named after itself.
+            # A release names no run (docs/contracts.md, "Gateway command plane"): each run leases
+            # the target named after itself.
             target = str(body.get("target") or "")
             self.give_backs[(target, f"{body.get('key')}@{target}")] += 1
         return super().execute(verb, body)

@@ -2,34 +2,34 @@
 puts ``word``/``colour`` on every row and ``colour``/``cleanupWord``/``cleanupColour`` on
 every run) and for the console (its badges, counts and filters).
 
-The website core seed's words and colours where it quotes them (S000 =
-../shared/seeds/000_17c043ca07765dbb.txt, EventRun.jsx); shardbus's own otherwise. Green is
-resolved, amber wants a person (S000:59-63); a colour is never the only signal."""
+The website core seed's words and colours where it quotes them (its run console); shardbus's
+own otherwise. Green is resolved, amber wants a person; a colour is never the only signal
+(docs/console.md, "Statuses: words and colours", shows the table)."""
 
 from __future__ import annotations
 
 RESOURCE_WORD = {
     "pending": "asked for, not yet confirmed",  # shardbus's words: the seed quotes none
-    "confirmed": "still out there",             # S000:482 ("`confirmed` is still out there")
+    "confirmed": "still out there",             # the seed's words
     "reverting": "being given back",            # shardbus's words
-    "reverted": "given back",                   # S000:75
-    "orphaned": "gone",                         # S000:76
-    "drifted": "someone else moved it",         # S000:77
-    "expired": "ended by the game on time",     # S000:78
+    "reverted": "given back",                   # the seed's
+    "orphaned": "gone",                         # the seed's
+    "drifted": "someone else moved it",         # the seed's
+    "expired": "ended by the game on time",     # the seed's
 }
 """What the console says of each resource status."""
 
 RESOURCE_COLOUR = {
     "pending": "grey", "confirmed": "blue",             # shardbus's: the seed quotes neither
-    "reverting": "amber", "drifted": "amber", "orphaned": "amber",  # S000:65-67, '#d9c184'
-    "reverted": "green", "expired": "green",           # S000:59-63, 68-70, '#8fc79a'
+    "reverting": "amber", "drifted": "amber", "orphaned": "amber",  # the seed's amber, '#d9c184'
+    "reverted": "green", "expired": "green",           # the seed's green, '#8fc79a'
 }
 """The seed's two groups: green is resolved, amber wants a person."""
 
 RUN_COLOUR = {
     "scheduled": "grey", "running": "blue",   # shardbus's: the seed quotes no other
-    "completed": "green",                      # S000:56 (STATUS_COLOR, '#8fc79a')
-    "cancelled": "grey", "failed": "red",      # red: "this did not work" (S000:63)
+    "completed": "green",                      # the seed's (its STATUS_COLOR, '#8fc79a')
+    "cancelled": "grey", "failed": "red",      # red: "this did not work", in the seed's words
     "missed": "amber",                         # it never happened: a person looks
 }
 """The colour of a run's status (its word is the status itself)."""
@@ -37,7 +37,7 @@ RUN_COLOUR = {
 CLEANUP_WORD = {
     "pending": "cleanup pending",
     "complete": "cleaned up",
-    "incomplete": "cleanup incomplete: wants a person",  # S000:10 ("a human's to clear")
+    "incomplete": "cleanup incomplete: wants a person",  # the seed: "a human's to clear"
 }
 """What the console says of a run's cleanup status."""
 

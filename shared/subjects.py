@@ -1,4 +1,4 @@
-"""Every NATS subject shardbus uses: the public contract (SPEC section 1).
+"""Every NATS subject shardbus uses: the public contract (docs/contracts.md).
 
 A subject is built here and nowhere else. ``<shard>`` is a shard id matching
 :data:`SHARD_ID_PATTERN`. Each service owns its section below.

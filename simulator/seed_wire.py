@@ -38,7 +38,7 @@ class Quote:
 
 HELLO = Quote(295, {"t": 1733000000000, "kind": "server.hello", "shard": "uo1", "protocol": 7,
                     "token": "…"})
-"""The first line (kind: S004:295; fields: SPEC section 2, quoting the sidecar's hello)."""
+"""The first line (kind: S004:295; fields: docs/gateway.md, "Wire", quoting the sidecar's hello)."""
 
 GUILD_UPDATE = Quote(827, {"kind": "guild.update", "id": 7, "name": "The Cartographers", "abbr": "MAP",
                            "members": 2, "online": 1})

@@ -6,7 +6,7 @@ replays keyed commands from its idempotency cache (``replayed: true``, S004:1578
 ``bridge.busy`` while a command under the same key is still in flight (S004:956), takes the
 news the gateway pushes (``news.add``, S004:293), and sends big guild rosters in chunks
 (``id``/``seq``/``more``/``members``, S004:263-276). Frames carry no ``seq`` unless asked
-(``sequenced=True``: SPEC's optional acknowledgement, beyond today's shards). It counts, per
+(``sequenced=True``: the optional acknowledgement of docs/gateway.md, "Frames", beyond today's shards). It counts, per
 verb, the commands executed and the commands replayed.
 """
 

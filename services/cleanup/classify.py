@@ -1,4 +1,4 @@
-"""What an answer to a give-back means for the row (SPEC section 4, step 3).
+"""What an answer to a give-back means for the row (docs/cleanup.md, "A sweep", step 3).
 
 A give-back ends in one of five verdicts: the thing is back (``reverted``), somebody else
 changed it on purpose (``drifted``), it cannot be given back by the sweep (``failed``, with a
@@ -143,7 +143,7 @@ def _not_ok(what: str, status: int, reply: dict[str, Any], *, from_gateway: bool
 
 
 DESPAWN_OK = "world.despawn.ok"
-"""The kind of the shard's answer to ``world.despawn`` (S004:1270-1276)."""
+"""The kind of the shard's answer to ``world.despawn`` (docs/contracts.md, "Gateway command plane")."""
 
 DESPAWN_LISTS = ("removed", "gone", "refused")
 """``world.despawn.ok``'s three lists of serials: ``removed`` found and deleted, ``gone`` owned
@@ -158,7 +158,8 @@ def despawn_answer(reply: Any, serial: str) -> Outcome:
 
 def despawn_answers(reply: Any, serials: list[str]) -> dict[str, Outcome]:
     """Classify the gateway's reply to ``world.despawn {runId, serials}`` for each serial sent
-    (S004:1270-1288: one answer listing every serial under ``removed``, ``gone`` or ``refused``).
+    (one answer listing every serial under ``removed``, ``gone`` or ``refused``:
+    docs/contracts.md, "Gateway command plane").
 
     A serial under ``removed`` or ``gone`` is given back; under ``refused`` alone it fails with
     the reason; under both a success list and ``refused``, or under none of the three, it fails
@@ -202,10 +203,11 @@ def _one_serial(what: str, serial: str, lists: dict[str, set[str]], body: dict[s
 
 
 LEASE_OK = "lease.ok"
-"""The shard's answer to a release that put the baseline back (S004:1561)."""
+"""The shard's answer to a release that put the baseline back (docs/contracts.md, "Gateway command plane")."""
 
 LEASE_DRIFTED = "lease.drifted"
-"""The shard's answer to a release it declined: somebody changed the value (S004:1373)."""
+"""The shard's answer to a release it declined: somebody changed the value
+(docs/contracts.md, "Gateway command plane")."""
 
 
 def release_answer(reply: Any, key: str | None = None) -> Outcome:

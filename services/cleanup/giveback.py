@@ -1,12 +1,12 @@
-"""How claimed resource rows are given back (SPEC section 4, step 2).
+"""How claimed resource rows are given back (docs/cleanup.md, "A sweep", step 3).
 
 World objects go back with the shard's ``world.despawn {runId, serials: [...]}``, the way the
-seed's shard takes them (S004:1270-1288): every world-object row of one run in one claimed batch
-in ONE command carrying all their serials (:func:`despawns`; split only when the line would
-exceed :data:`DESPAWN_MAX_BYTES`), each row's outcome read from that one answer for its own
-serial. Leases go back with ``lease.release {key, target?, expected, baseline}`` (S004:1186),
-which takes one key per call, so one command per row; anything else through the owning module's
-own ``modules.<module>.revert``, one per row.
+seed's shard takes them (docs/cleanup.md, "A sweep"): every world-object row of one run in one
+claimed batch in ONE command carrying all their serials (:func:`despawns`; split only when the
+line would exceed :data:`DESPAWN_MAX_BYTES`), each row's outcome read from that one answer for
+its own serial. Leases go back with ``lease.release {key, target?, expected, baseline}``
+(docs/contracts.md, "Gateway command plane"), which takes one key per call, so one command per
+row; anything else through the owning module's own ``modules.<module>.revert``, one per row.
 
 Every command carries an idempotency key derived from what it gives back alone — a row's from
 the run and the row (:func:`idempotency_key`), a despawn's from the run and the sorted resource
@@ -67,7 +67,7 @@ def batch_key(run_id: str, resource_ids: Iterable[int]) -> str:
     A hash, because the ids themselves would make a key as long as the batch; 128 bits, so two
     different sets of one run never share a key. At most 8 + 64 (the longest run id) + 9 + 4 +
     1 + 32 = 118 characters: within every limit a key meets on the way — the gateway passes it
-    through untouched, the seed's sidecar neither makes nor checks one (S004:1084-1092), the
+    through untouched, the seed's sidecar neither makes nor checks one (docs/gateway.md, "Commands"), the
     shard only compares it, and the ledger's own keys may take 200 (IDEMPOTENCY_KEY_MAX)."""
     ids = sorted(set(resource_ids))
     if len(ids) == 1:

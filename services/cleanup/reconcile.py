@@ -1,16 +1,16 @@
 """Reconcile: compare the ledger's live rows with what the shard says still exists.
 
 For each module, its live rows are grouped by run; the run's shard is asked what the run
-still owns — ``world.owned {runId}`` for world objects (``world.owned.ok``'s ``owned``,
-S004:1260-1267), ``lease.list`` for leases (``lease.list.ok``'s ``holds``, S004:1131-1149,
-asked once per shard per module) — and the ledger told which refs are present
+still owns — ``world.owned {runId}`` for world objects (``world.owned.ok``'s ``owned``),
+``lease.list`` for leases (``lease.list.ok``'s ``holds``, asked once per shard per module;
+both in docs/contracts.md, "Gateway command plane") — and the ledger told which refs are present
 (``ledger.reconcile.<module>``): its confirmed rows of that run and kind the shard no longer
 lists become ``orphaned``.
 
 A lease whose hold the shard lists ``expired: true`` is the game ending it at its deadline,
 as it was told to: the shard restored the baseline by itself and keeps the hold listed until
 teardown collects it, precisely so that a reconcile in that window does not write a working
-backstop off as orphaned (S004:1137-1140). Such a row is reported present and recorded as
+backstop off as orphaned (docs/cleanup.md, "Reconcile"). Such a row is reported present and recorded as
 ``expired`` through the module's expiry request (``ledger.expired.<module>``), never orphaned.
 
 A shard that does not answer in time (or answers anything but a well-formed 200 of the kind
@@ -48,10 +48,10 @@ cannot store) names no row, and is not sent back as present (the ledger would re
 log = logging.getLogger("shardbus.cleanup.reconcile")
 
 OWNED_OK = "world.owned.ok"
-"""The kind of the shard's answer to ``world.owned`` (S004:1450)."""
+"""The kind of the shard's answer to ``world.owned`` (docs/contracts.md, "Gateway command plane")."""
 
 LEASE_LIST_OK = "lease.list.ok"
-"""The kind of the shard's answer to ``lease.list`` (S004:1562)."""
+"""The kind of the shard's answer to ``lease.list`` (docs/contracts.md, "Gateway command plane")."""
 
 
 class Unanswered(Exception):

@@ -1,4 +1,4 @@
-"""The sweep: give back what finished runs still hold, in SPEC section 4's order.
+"""The sweep: give back what finished runs still hold, in the order of docs/cleanup.md, "A sweep".
 
 1. Settle: the ledger marks terminal runs with nothing unresolved ``complete``.
 2. Candidates, a bounded batch of runs at a time; for each run, claim a bounded batch of

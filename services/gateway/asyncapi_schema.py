@@ -1,9 +1,9 @@
 """The payloads of the shard-plane subjects websites use, for the gateway's AsyncAPI document
 only (``make docs``): nothing here parses or validates a message at runtime. The gateway
 defines no schema for a frame's contents (the forwarder property), so these models name only
-what is always there and show the sidecar seed's lines as examples (S004 =
-``../shared/seeds/004_15575f6fbdbb98d9.txt``). The reference is docs/gateway.md and the
-"Gateway command plane" section of docs/contracts.md.
+what is always there and show the sidecar seed's lines as examples (docs/gateway.md, "Frames"
+says what the seed is). The reference is docs/gateway.md and the "Gateway command plane"
+section of docs/contracts.md.
 
 FastStream documents a subscriber's request payload but not its reply, so
 :class:`RequestReplyAsyncAPI` adds an AsyncAPI 3 ``reply`` to the operations of the request

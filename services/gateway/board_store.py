@@ -250,6 +250,6 @@ class BoardStore:
 
 def news_line(item: dict[str, Any], announce: bool) -> bytes:
     """One news item as the line the shard receives: ``news.add``, which the seed's shard
-    understands and treats as idempotent by id (S004:292-294)."""
+    understands and treats as idempotent by id (docs/gateway.md, "News")."""
     return json.dumps({**item, "kind": "news.add", "announce": announce},
                       ensure_ascii=False, separators=(",", ":")).encode() + b"\n"

@@ -2,13 +2,13 @@
 the reassembly of chunked guild rosters, and the folding of a board's keys into items.
 Pure; the key-value I/O is in ``board_store.py``.
 
-The kinds and ids are the sidecar seed's (S004 = ``../shared/seeds/004_15575f6fbdbb98d9.txt``):
-a guild is named by its top-level integer ``id`` (S004:264, 290, 827), listings by ``serial``.
+The kinds and ids are the sidecar seed's (docs/gateway.md, "Boards", has the table):
+a guild is named by its top-level integer ``id``, listings by ``serial``.
 A board is a JetStream key-value bucket. An item of shard ``s`` with id ``i`` is stored under
 ``s.i.<part>``: most boards have one part (``item``, the frame as the shard sent it); the guild
 board has two writers, ``snapshot`` (``guild.update``, verbatim) and ``roster`` (``guild.roster``),
-so neither overwrites the other, in either order (S004:575-602). Reading folds the roster into
-the snapshot as ``roster``; a roster with no snapshot yet is a row of its own (S004:584-585).
+so neither overwrites the other, in either order. Reading folds the roster into
+the snapshot as ``roster``; a roster with no snapshot yet is a row of its own.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_ROSTER_MEMBERS = 50_000
-"""A partial roster growing past this many members is discarded (S004:317)."""
+"""A partial roster growing past this many members is discarded (docs/gateway.md, "Boards", "Roster reassembly")."""
 
 MAX_PARTIAL_BYTES = 16 * 1024 * 1024
 """The most bytes of roster lines one connection's partial rosters may hold, all guilds
@@ -29,7 +29,7 @@ make the gateway hold any amount. A real roster of 50,000 members is about 3 MB.
 _SAFE_ID = re.compile(r"[A-Za-z0-9_=-]{1,64}")
 
 MAX_GUILD_ID = 2**63 - 1
-"""A guild id is the seed's i64 (``as_i64``, S004:264)."""
+"""A guild id is the seed's i64 (it reads one with ``as_i64``)."""
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,8 @@ BOARD_RULES: tuple[BoardRule, ...] = (
     BoardRule("champ.update", "champions", ("serial", "id")),
 )
 """Every board-writing kind the seed names. ``guild.leave`` is only forwarded: the next roster
-corrects the board (S004:253-258). The seed's ruleset, points and governor boards (S004:506-507,
-634) are written by kinds it does not quote, so no rule can be declared for them yet."""
+corrects the board. The seed's ruleset, points and governor boards are written by kinds it does
+not quote, so no rule can be declared for them yet (docs/gateway.md, "What the seeds leave open")."""
 
 RULES_BY_KIND = {rule.kind: rule for rule in BOARD_RULES}
 """The rule for a frame kind."""
@@ -106,8 +106,8 @@ def unusable(rule: BoardRule) -> str:
 
 
 def stored_value(rule: BoardRule, frame: dict[str, Any]) -> Any:
-    """What an upsert stores: the frame as the shard sent it (the seed persists every frame
-    whole, S004:533-536), or the declared part (a roster's members)."""
+    """What an upsert stores: the frame as the shard sent it (as the seed persists every frame:
+    whole; docs/gateway.md, "Boards"), or the declared part (a roster's members)."""
     if rule.value is None:
         return frame
     return dig(frame, rule.value)
@@ -122,8 +122,8 @@ def fold(board: str, entries: dict[str, Any]) -> list[dict[str, Any]]:
     """A board's items from its keys (``item.part`` → value), in board order: by name, then id.
 
     Guilds: the snapshot with the roster folded in as ``roster``; a guild with no roster
-    yet has no ``roster`` key (unknown is not empty, S004:606-609); a roster that came before
-    any snapshot is a row of its own, ``{"id", "roster"}`` (S004:584-585, 856-881)."""
+    yet has no ``roster`` key (unknown is not empty); a roster that came before
+    any snapshot is a row of its own, ``{"id", "roster"}`` (docs/gateway.md, "Boards")."""
     parts: dict[str, dict[str, Any]] = {}
     for key, value in entries.items():
         item, _, part = key.rpartition(".")
@@ -178,7 +178,7 @@ class RosterAssembler:
         """Add one roster frame (``size``: its line's bytes); the whole member list once
         complete, else None.
 
-        Read as the seed reads it (S004:264-276): ``seq`` an integer or 0, ``more`` true or
+        Read as the seed reads it (docs/gateway.md, "Boards"): ``seq`` an integer or 0, ``more`` true or
         false, ``members`` an array or empty (a missing or non-array one is a complete empty
         roster, not a discarded frame)."""
         seq = frame.get("seq")

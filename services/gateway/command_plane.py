@@ -48,7 +48,7 @@ def parse_body(verb: str, payload: bytes) -> dict[str, Any]:
             body = json.loads(payload)
         except (ValueError, RecursionError):
             raise CommandRejected(HTTPStatus.BAD_REQUEST, "body must be a JSON object (it is not valid JSON)") from None
-    if body is None:  # the seed's sidecar reads a null body as an empty one (S004:1115)
+    if body is None:  # a null body is an empty one, as the seed's sidecar reads it (docs/gateway.md, "Commands")
         body = {}
     if not isinstance(body, dict):
         raise CommandRejected(HTTPStatus.BAD_REQUEST, "body must be a JSON object")

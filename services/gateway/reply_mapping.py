@@ -1,5 +1,5 @@
-"""The shard's answer to a command → the HTTP-style status a caller acts on (SPEC section 2's
-table). Pure: the verb that was sent and the shard's answer in, a status out.
+"""The shard's answer to a command → the HTTP-style status a caller acts on (docs/gateway.md, "Statuses",
+has the table). Pure: the verb that was sent and the shard's answer in, a status out.
 
 A shard error is a reply whose ``kind`` ends in ``.error`` (``bridge.error`` is the generic
 one) with a ``reason`` sentence; the status follows the plane of the verb and words in the
@@ -12,10 +12,10 @@ from typing import Any
 
 EVENT_PLANE = frozenset({"lease", "participation", "world", "item"})
 """Verb prefixes of the event plane (acted on by a run, named by ``runId``): every verb the
-seed's ``event_call`` carries, ``world.save`` and the ``item`` one-shots included (S004:1112)."""
+seed's ``event_call`` carries, ``world.save`` and the ``item`` one-shots included (docs/gateway.md, "Statuses")."""
 
 ACCOUNT_PLANE = frozenset({"account", "link"})
-"""Verb prefixes of the account plane: accounts and their links to website users (S004:1065)."""
+"""Verb prefixes of the account plane: accounts and their links to website users (docs/gateway.md, "Statuses")."""
 
 ADMIN_PLANE = frozenset({"admin"})
 """Verb prefixes of the staff (admin) plane; these verbs need an ``actor``."""
@@ -44,7 +44,7 @@ def _has(reason: str, *words: str) -> bool:
 
 
 def _event_error(reason: str) -> HTTPStatus:
-    """``respond_event`` (S004:1016-1063): the gate off is 403; an unknown lease key, a run not
+    """The seed's ``respond_event`` (docs/gateway.md, "Statuses"): the gate off is 403; an unknown lease key, a run not
     counted or with no ledger is 404; the save rate limit is 429; any other refusal 400."""
     if _has(reason, "disabled"):
         return HTTPStatus.FORBIDDEN
@@ -56,7 +56,7 @@ def _event_error(reason: str) -> HTTPStatus:
 
 
 def _account_error(reason: str) -> HTTPStatus:
-    """``respond_account`` (S004:1065-1067): a name clash ("already exists", S004:1604) 409; the
+    """The seed's ``respond_account`` (docs/gateway.md, "Statuses"): a name clash ("already exists") 409; the
     per-IP cap 429; disabled, protected or refused 403; an unknown target or "not linked" 404."""
     if _has(reason, "already exists", "name clash", "already taken"):
         return HTTPStatus.CONFLICT
@@ -70,7 +70,7 @@ def _account_error(reason: str) -> HTTPStatus:
 
 
 def _admin_error(reason: str) -> HTTPStatus:
-    """``respond_admin`` (S004:986-999; "protected" is 403, S004:1599)."""
+    """The seed's ``respond_admin`` (docs/gateway.md, "Statuses"; "protected" is 403)."""
     if _has(reason, "protected", "disabled"):
         return HTTPStatus.FORBIDDEN
     if _has(reason, "unknown"):
@@ -79,7 +79,7 @@ def _admin_error(reason: str) -> HTTPStatus:
 
 
 def _generic_error(reason: str) -> HTTPStatus:
-    """``respond`` (S004:975-986; "unknown account" is 404, S004:1593)."""
+    """The seed's generic ``respond`` (docs/gateway.md, "Statuses"; "unknown account" is 404)."""
     return HTTPStatus.NOT_FOUND if _has(reason, "unknown") else HTTPStatus.BAD_REQUEST
 
 
@@ -93,7 +93,7 @@ def status_for(verb: str, answer: dict[str, Any]) -> HTTPStatus:
     reason = str(answer.get("reason") or answer.get("error") or "").lower()
     where = plane(verb)
     # The event plane reads every ``*.error`` by its reason, ``bridge.error`` included
-    # (S004:1022); the other planes read ``bridge.error`` as the generic responder does.
+    # (docs/gateway.md, "Statuses"); the other planes read ``bridge.error`` as the generic responder does.
     if kind == "bridge.error" and where != "event":
         return _generic_error(reason)
     if where == "event":

@@ -315,7 +315,7 @@ def register_handlers(broker: NatsBroker, db: Database, concurrency: int,
         raise RuntimeError(f"ledger actions without a contract: {sorted(actions)}")
 
     async def expired(body: Any, module: str = Path()) -> dict[str, Any]:
-        # Read leniently (SPEC 3): a malformed expiry answers {expired: 0} and writes nothing.
+        # Read leniently (docs/ledger.md, "Expiry"): a malformed expiry answers {expired: 0}, writes nothing.
         count, changes = await expiry.expire(db, module, body)
         committed(changes)
         return replies.ok(expired=count)

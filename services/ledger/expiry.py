@@ -1,6 +1,6 @@
 """Expiry: the owning module reports that the game ended a target at its own deadline.
 
-SPEC 3 (Expiry): that module's rows for that exact (kind, ref) in ``pending``, ``confirmed``
+docs/ledger.md, "Expiry": that module's rows for that exact (kind, ref) in ``pending``, ``confirmed``
 or ``orphaned`` become ``expired``, each with a ``resource.expired`` log entry; ``reverting``
 rows are left to their revert and resolved rows stay as they are. A malformed or unknown
 expiry is not an error: it answers 0 and writes nothing. A terminal run whose last

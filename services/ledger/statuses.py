@@ -152,7 +152,7 @@ when a newer row holds that target now (taken while this one was ``reverting``, 
 none): still unresolved and given back, but not a second live row for one target."""
 
 EXPIRED_ERROR = "the game ended it at its deadline"
-"""The ``lastError`` an expiry writes (S000:176)."""
+"""The ``lastError`` an expiry writes, the website core seed's sentence (docs/ledger.md, "Expiry")."""
 
 
 @dataclass(frozen=True)

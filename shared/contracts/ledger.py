@@ -260,7 +260,7 @@ class FailResource(LedgerRequest):
 
 class Expired(LedgerRequest):
     """``ledger.expired.<module>``: what a module sends. The ledger reads it leniently (a
-    malformed expiry answers ``{expired: 0}`` and writes nothing, SPEC 3), so a module never
+    malformed expiry answers ``{expired: 0}`` and writes nothing, docs/ledger.md, "Expiry"), so a module never
     sees a 400 for it; a client still sends this shape."""
 
     kind: Kind

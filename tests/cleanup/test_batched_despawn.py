@@ -1,4 +1,4 @@
-"""World objects are given back the way the seed's shard takes them (S004:1270-1288): every
+"""World objects are given back the way the seed's shard takes them (docs/cleanup.md, "A sweep"): every
 world-object row of a run in a claimed batch in ONE ``world.despawn {runId, serials: [...]}``
 (split only over the byte budget), each row's outcome read from that one answer for its own
 serial, under one idempotency key derived from the run and the sorted resource ids — the same

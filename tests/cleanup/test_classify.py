@@ -1,4 +1,4 @@
-"""What each answer to a give-back means for the row: SPEC section 4's step 3, as a table."""
+"""What each answer to a give-back means for the row (docs/cleanup.md, "A sweep", step 3), as a table."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The issue's end-to-end scenario through every service on real servers: a run spawns
 creatures and leases a value through the shard simulator, a player kills a creature, staff
 change the leased value by hand, a third resource expires while the run is going, the run is
-cancelled and the sweep runs. Then the console says exactly what SPEC section 4 demands."""
+cancelled and the sweep runs. Then the console says exactly what docs/cleanup.md, "A sweep", demands."""
 
 from __future__ import annotations
 

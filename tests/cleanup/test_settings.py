@@ -1,4 +1,5 @@
-"""The cleanup service's settings: defaults SPEC names, and a setup that cannot work is refused."""
+"""The cleanup service's settings: the defaults docs/cleanup.md, "Settings", names, and a setup that cannot work
+is refused."""
 
 from __future__ import annotations
 

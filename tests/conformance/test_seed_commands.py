@@ -20,12 +20,13 @@ from tests.gateway.test_command_plane import ask
 async def test_every_seed_command_reaches_the_shard_verbatim_with_kind_and_a_fresh_req_id(scripted, nc, verb):
     body = dict(COMMAND_BODIES[verb].value)
     if verb.startswith("admin."):
-        assert body["actor"]  # the seed requires it up front (S004:1080-1082)
+        # The seed requires it up front (docs/contracts.md, "Gateway command plane", "Staff plane").
+        assert body["actor"]
     scripted.answer = lambda line: {"kind": "admin.ok"}
     await ask(nc, scripted.shard, verb, body)
     await ask(nc, scripted.shard, verb, body)
     first, second = [line for line in scripted.lines if line.get("kind") == verb]
-    # The body's fields pass through untouched — idempotencyKey above all (S004:1084-1092).
+    # The body's fields pass through untouched — idempotencyKey above all (docs/gateway.md, "Commands").
     assert {k: v for k, v in first.items() if k not in ("kind", "reqId")} == body
     # reqId is regenerated on every call: a retry carries the same key under a new id.
     assert isinstance(first["reqId"], str) and first["reqId"] != second["reqId"]
@@ -45,14 +46,14 @@ async def test_every_answer_the_seed_pins_comes_back_with_its_status_and_verbati
 
 
 async def test_no_shard_connected_is_no_responders_at_once(nc, gateway, unique):
-    # The sidecar's 503 {"error":"shard not connected"} (S004:1054-1057): over NATS, nobody holds
+    # The sidecar's 503 {"error":"shard not connected"} (docs/gateway.md, "Statuses"): over NATS, nobody holds
     # the subject, and the caller is told so at once rather than waiting for a timeout.
     with pytest.raises(NoRespondersError):
         await nc.request(subjects.command(f"absent{unique}", "lease.list"), b"{}", timeout=5)
 
 
 async def test_a_shard_that_does_not_reply_in_time_is_504(start_gateway, nc, unique):
-    # S004:1058-1061.
+    # The 504 of docs/gateway.md, "Statuses".
     from tests.conformance.conftest import ScriptedShard
     from tests.gateway.conftest import wait_until
 
@@ -69,7 +70,7 @@ async def test_a_shard_that_does_not_reply_in_time_is_504(start_gateway, nc, uni
 
 @pytest.mark.parametrize("raw", [b"[1,2]", b'"text"', b"42", b"{not json"])
 async def test_a_body_that_is_not_a_json_object_is_400_in_the_seeds_words(scripted, nc, raw):
-    # S004:1113-1121: {"error": "body must be a JSON object"}; nothing reaches the shard.
+    # {"error": "body must be a JSON object"}; nothing reaches the shard (docs/gateway.md, "Statuses").
     reply = await ask(nc, scripted.shard, "lease.apply", raw=raw)
     assert reply["status"] == 400 and reply["error"].startswith("body must be a JSON object")
     assert [line for line in scripted.lines if line.get("kind") == "lease.apply"] == []
@@ -77,7 +78,7 @@ async def test_a_body_that_is_not_a_json_object_is_400_in_the_seeds_words(script
 
 @pytest.mark.parametrize("raw", [b"", b"null"])
 async def test_an_empty_or_null_body_is_an_empty_object(scripted, nc, raw):
-    # S004:1115: Value::Null => an empty map.
+    # The seed reads a null body as an empty map (docs/gateway.md, "Commands").
     scripted.answer = lambda line: {"kind": "lease.list.ok", "leases": [], "holds": []}
     reply = await ask(nc, scripted.shard, "lease.list", raw=raw)
     assert reply["status"] == 200
@@ -86,14 +87,14 @@ async def test_an_empty_or_null_body_is_an_empty_object(scripted, nc, raw):
 
 
 async def test_the_protocol_gate_is_409_and_never_reaches_the_shard(scripted, nc):
-    # 409 is the version gate's, never busy's (S004:1570-1576).
+    # 409 is the version gate's, never busy's (docs/gateway.md, "Statuses").
     reply = await ask(nc, scripted.shard, "lease.list", headers={"Shard-Protocol": "6"})
     assert reply["status"] == 409
     assert [line for line in scripted.lines if line.get("kind") == "lease.list"] == []
 
 
 async def test_news_reaches_the_shard_as_news_add_and_is_replayed_with_announce_false(gateway, scripted, nc):
-    # S004:292-294.
+    # docs/gateway.md, "News".
     item = {"id": "n7", "title": "The Yew Invasion", "body": "Saturday at dusk"}
     reply = json.loads((await nc.request(subjects.news_add(scripted.shard), json.dumps(item).encode(),
                                          timeout=5)).data)

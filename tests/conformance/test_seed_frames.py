@@ -1,6 +1,6 @@
 """Conformance, the frame plane: every frame kind the sidecar seed names is published verbatim
 to ``shard.<shard>.frame.<kind>``, and every test of the seed's guild board — its store tests
-(S004:776-905) and its roster reassembly tests (S004:405-502) — is restated against shardbus
+and its roster reassembly tests, whose rules docs/gateway.md, "Boards", states — is restated against shardbus
 through a real TCP connection, the real gateway and the real NATS key-value board."""
 
 from __future__ import annotations
@@ -77,10 +77,10 @@ async def test_every_seed_frame_is_published_verbatim_under_its_kind(scripted, n
     assert [m.data for m in got] == [data.rstrip(b"\n") for data in sent]
 
 
-# --- the seed's store tests (S004:776-905) --------------------------------------------------
+# --- the seed's store tests (docs/gateway.md, "Boards") ----------------------------------------------
 
 async def test_a_roster_does_not_clobber_the_guild_update_snapshot(gateway, scripted, nc):
-    # S004:816-854, with the seed's own lines.
+    # The seed's own test, with the seed's own lines.
     await scripted.write(line(GUILD_UPDATE.value))
     await scripted.write(roster(7, 0, False, ROSTER_MEMBERS.value))
     (guild,) = await guilds(gateway, nc, scripted.shard)
@@ -89,7 +89,7 @@ async def test_a_roster_does_not_clobber_the_guild_update_snapshot(gateway, scri
 
 
 async def test_the_two_writers_are_order_independent(gateway, scripted, nc):
-    # S004:856-881: a roster before the first guild.update, then the update; one row, not two.
+    # A roster before the first guild.update, then the update; one row, not two.
     await scripted.write(roster(9, 0, False, ROSTER_MEMBERS_LATE.value))
     await scripted.write(line(GUILD_UPDATE_LATE.value))
     items = await guilds(gateway, nc, scripted.shard)
@@ -97,21 +97,21 @@ async def test_the_two_writers_are_order_independent(gateway, scripted, nc):
 
 
 async def test_a_guild_with_no_roster_yet_has_no_roster_key(gateway, scripted, nc):
-    # S004:883-905.
+    # Unknown is not empty.
     await scripted.write(line(GUILD_UPDATE_UNSWEPT.value))
     (guild,) = await guilds(gateway, nc, scripted.shard)
     assert "roster" not in guild and guild["name"] == "Unswept"
 
 
 async def test_guild_remove_deletes_the_row(gateway, scripted, nc):
-    # S004:289-291.
+    # guild.remove deletes both parts.
     await scripted.write(line(GUILD_UPDATE.value))
     await scripted.write(line(GUILD_UPDATE_LATE.value))
     await scripted.write(line({"kind": "guild.remove", "id": 9}))
     assert names(await guilds(gateway, nc, scripted.shard)) == ["The Cartographers"]
 
 
-# --- the seed's reassembly tests (S004:422-501), each through the wire -------------------
+# --- the seed's reassembly tests (docs/gateway.md, "Boards", "Roster reassembly"), each through the wire ---
 
 async def test_a_single_frame_roster_is_written_at_once(gateway, scripted, nc):
     await scripted.write(line(GUILD_UPDATE.value))
@@ -175,7 +175,7 @@ async def test_an_empty_roster_is_a_complete_roster(gateway, scripted, nc):
                                    {"kind": "guild.roster", "id": 7, "members": {"name": "Ada"}}],
                          ids=["members missing", "members null", "members not an array"])
 async def test_members_missing_or_not_an_array_is_a_complete_empty_roster(gateway, scripted, nc, frame):
-    # S004:271-276: `.and_then(|m| m.as_array()).cloned().unwrap_or_default()`.
+    # The seed's `.and_then(|m| m.as_array()).cloned().unwrap_or_default()`: empty.
     await scripted.write(line(GUILD_UPDATE.value))
     await scripted.write(roster(7, 0, False, members("Ada")))
     await scripted.write(line(frame))
@@ -183,7 +183,7 @@ async def test_members_missing_or_not_an_array_is_a_complete_empty_roster(gatewa
 
 
 async def test_a_new_hello_clears_every_partial_roster(gateway, scripted, nc):
-    # S004:296-298: a reconnected shard restarts every roster from seq 0.
+    # A reconnected shard restarts every roster from seq 0 (docs/gateway.md, "Boards").
     await scripted.write(line(GUILD_UPDATE.value))
     await scripted.write(roster(7, 0, True, members("Half")))
     await settled(gateway, scripted.shard)

@@ -1,7 +1,7 @@
-"""Conformance, the give-back: the seed's own answers (S004) read by cleanup as the website seed
-(S000) reads them. A drifted lease is a distinct outcome, never a failure (S004:1001-1010); a
-despawned serial that was removed or already gone is given back (S004:1273-1276); the busy
-answer and the save rate limit are retries, never failures (S004:956-969, 1039-1045).
+"""Conformance, the give-back: the sidecar seed's own answers read by cleanup as the website core
+seed reads them (docs/cleanup.md, "A sweep"). A drifted lease is a distinct outcome, never a
+failure; a despawned serial that was removed or already gone is given back; the busy answer and
+the save rate limit are retries, never failures.
 
 The live paths (the simulator through the real gateway, cleanup and reconcile processes) are
 tests/cleanup/test_giveback_through_gateway.py and tests/cleanup/test_reconcile.py; this file

@@ -21,7 +21,7 @@ from tests.gateway.test_listener import stored_frames
 
 SEED_KINDS = {"server.hello", "guild.update", "guild.roster", "guild.remove", *FORWARDED_KINDS, *ANSWER_KINDS}
 HEARTBEAT = "gateway.pong"
-"""The shard's answer to a ping: never stored (S004:247: pongs are a sign of life)."""
+"""The shard's answer to a ping: never stored (pongs are a sign of life; docs/gateway.md, "Wire")."""
 
 
 async def drive_every_verb(nc, sim: ShardSimulator) -> int:
@@ -53,7 +53,7 @@ async def drive_every_verb(nc, sim: ShardSimulator) -> int:
     for verb, body in calls:
         reply = await ask(nc, shard, verb, body)
         assert reply["status"] < 500, (verb, reply)
-    # A repeat under a key still in flight: bridge.busy (S004:956-969).
+    # A repeat under a key still in flight: bridge.busy (docs/gateway.md, "Statuses").
     sim.answer_delay_s["participation.snapshot"] = 0.3
     body = {"runId": "42", "idempotencyKey": "walk"}
     slow = asyncio.create_task(ask(nc, shard, "participation.snapshot", body))
@@ -78,7 +78,8 @@ async def test_every_kind_and_sentence_the_simulator_sends_is_the_seeds(gateway,
 
 
 async def test_the_simulator_sends_no_lease_frame_of_its_own_at_a_deadline(gateway, shard_sims, nc, unique):
-    # The seed's shard restores the baseline silently and lists the hold expired (S004:1137-1140).
+    # The seed's shard restores the baseline silently and lists the hold expired
+    # (docs/contracts.md, "Gateway command plane").
     sim = await shard_sims(gateway, f"v{unique}")
     await ask(nc, sim.shard, "lease.apply", {"key": "Loot.RareChance", "value": "2", "holdMs": 50})
     await asyncio.sleep(0.3)

@@ -54,7 +54,7 @@ class Case:
 
 
 async def _two_guilds(sim: Any) -> None:
-    # The seed's guild frames: an update (S004:827), then its roster in one part (S004:263-277).
+    # The seed's guild frames: an update, then its roster in one part (docs/gateway.md, "Frames").
     await sim.send("guild.update", id=7, name="The Cartographers", abbr="MAP", members=2, online=1)
     await sim.send("guild.roster", id=7, seq=0, more=False, members=[{"serial": "0x1", "name": "Ada"}])
 

@@ -39,7 +39,7 @@ def test_the_ledger_serves_each_subject_with_the_contracts_request_model(contrac
     document = committed("ledger")
     _channel, schema_name = served(document, contract.subject)
     if contract.subject == subjects.LEDGER_EXPIRED_PATTERN:
-        # Read leniently (SPEC 3): any body, a malformed expiry answers {expired: 0}.
+        # Read leniently (docs/ledger.md, "Expiry"): any body, a malformed expiry answers {expired: 0}.
         assert "properties" not in document["components"]["schemas"][schema_name]
         return
     assert schema_name == contract.request.__name__

@@ -55,7 +55,7 @@ class Tally:
 async def send_frames(sim: ShardSimulator, tally: Tally, count: int, per_s: float) -> None:
     """Send ``count`` frames numbered ``i`` at ``per_s``; while the shard is between
     connections the frames are kept (unacknowledged) and resent when it says hello again —
-    which a shard does only when ``sequenced`` (SPEC's optional acknowledgement)."""
+    which a shard does only when ``sequenced`` (the optional acknowledgement, docs/gateway.md, "Frames")."""
     assert sim.sequenced, "only a sequenced shard keeps and resends what was not acknowledged"
     started = time.monotonic()
     for i in range(count):

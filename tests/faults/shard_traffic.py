@@ -4,7 +4,7 @@ scenario runs; afterwards every shard's numbers are read back from ``SHARD_FRAME
 missing and none there twice, whatever the scenario killed or restarted meanwhile.
 
 The shards are :class:`~simulator.shard.ShardSimulator` (the seed's hello, pings, frames),
-``sequenced`` (SPEC's optional acknowledgement: a frame is kept until the gateway's
+``sequenced`` (the optional acknowledgement, docs/gateway.md, "Frames": a frame is kept until the gateway's
 ``frame.ack`` and resent after a reconnect), in a process of their own
 (``python -m tests.faults.shard_traffic``) so that they cost the scenario's event loop nothing.
 That process prints ``connected N`` once every shard said hello, sends until its standard input

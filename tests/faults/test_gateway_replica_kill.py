@@ -44,7 +44,7 @@ async def test_sigkill_of_a_gateway_replica_loses_no_frame(nats_url, tmp_path, u
     procs = ServiceProcesses(tmp_path, nats_url)
     nc = await nats.connect(nats_url, connect_timeout=5, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
     # Sequenced: the shard keeps each frame until the gateway acknowledges it, and resends the
-    # unacknowledged ones to the replica it dials next (SPEC's optional acknowledgement).
+    # unacknowledged ones to the replica it dials next (the optional acknowledgement, docs/gateway.md, "Frames").
     sim = ShardSimulator("127.0.0.1", ports[0], f"gk{unique}", TOKEN, sequenced=True)
     tally, stop = Tally(), asyncio.Event()
     follower, traffic = None, None

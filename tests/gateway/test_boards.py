@@ -1,6 +1,6 @@
 """Boards in JetStream key-value buckets: the guild board with two writers, removal, board
 reads in board order, the market, houses and champions, and news replayed after each hello —
-every frame in the sidecar seed's shape (S004 = ../shared/seeds/004_15575f6fbdbb98d9.txt)."""
+every frame in the sidecar seed's shape (docs/gateway.md, "Frames"; the rules: docs/gateway.md, "Boards")."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def shown(items: list[dict]) -> list[dict]:
 
 
 async def test_guild_update_and_roster_never_overwrite_each_other_in_either_order(gateway, shard_sims, nc, unique):
-    # S004:817-881: a roster must not clobber the snapshot, and either may come first.
+    # A roster must not clobber the snapshot, and either may come first (docs/gateway.md, "Boards").
     sim = await shard_sims(gateway, f"s{unique}")
     await sim.send("guild.update", id=7, name="The Cartographers", abbr="MAP", members=2, online=1)
     await sim.send("guild.roster", id=7, members=[{"serial": "0x1", "name": "Ada"}, {"serial": "0x2", "name": "Bo"}])
@@ -48,8 +48,8 @@ async def test_guild_update_and_roster_never_overwrite_each_other_in_either_orde
 
 
 async def test_a_roster_before_any_update_is_a_row_of_its_own(gateway, shard_sims, nc, unique):
-    # S004:584-585: "a roster can arrive before the first guild.update for a guild, and the row
-    # it creates then carries '{}' until that update fills it in".
+    # The seed: "a roster can arrive before the first guild.update for a guild, and the row
+    # it creates then carries '{}' until that update fills it in" (docs/gateway.md, "Boards").
     sim = await shard_sims(gateway, f"s{unique}")
     await sim.send("guild.roster", id=9, seq=0, more=False, members=[{"serial": "0x3", "name": "Cy"}])
     await settled(gateway, sim.shard)
@@ -58,7 +58,7 @@ async def test_a_roster_before_any_update_is_a_row_of_its_own(gateway, shard_sim
 
 
 async def test_a_guild_with_no_roster_yet_has_no_roster_key(gateway, shard_sims, nc, unique):
-    # S004:883-905: unknown is not empty.
+    # Unknown is not empty (docs/gateway.md, "Boards").
     sim = await shard_sims(gateway, f"s{unique}")
     await sim.send("guild.update", id=11, name="Unswept")
     await sim.send("guild.update", id=4, name="Delta")
@@ -70,7 +70,7 @@ async def test_a_guild_with_no_roster_yet_has_no_roster_key(gateway, shard_sims,
 
 
 async def test_a_roster_without_members_is_a_complete_empty_roster(gateway, shard_sims, nc, unique):
-    # S004:271-276: members that are missing or not an array are `unwrap_or_default`: empty.
+    # Members that are missing or not an array are empty, as the seed reads them (docs/gateway.md, "Boards").
     sim = await shard_sims(gateway, f"s{unique}")
     await sim.send_guild(1, "Was Full", [{"serial": "0x1", "name": "Ada"}])
     await sim.send_guild(2, "Also Full", [{"serial": "0x2", "name": "Bo"}])
@@ -141,7 +141,8 @@ async def test_boards_of_two_shards_are_separate(gateway, shard_sims, nc, unique
 
 
 async def test_the_market_board_keys_vendor_listings_by_serial_and_removes_them(gateway, shard_sims, nc, unique):
-    # S004:506-507, 525-528: vendor.listing (with ownerAcct and fees) and vendor.listing.remove; GET /market.
+    # vendor.listing (with ownerAcct and fees) and vendor.listing.remove; the seed's /market
+    # (docs/gateway.md, "Frames").
     sim = await shard_sims(gateway, f"s{unique}")
     fees = {"charge": 30, "funds": 900, "payIntervalSec": 86400, "dismissalAt": 1733600000000}
     await sim.send("vendor.listing", serial="0x100", name="Katana", price=50, ownerAcct="ann", fees=fees)
@@ -155,7 +156,7 @@ async def test_the_market_board_keys_vendor_listings_by_serial_and_removes_them(
 
 
 async def test_houses_and_champions_keep_the_latest_frame_of_each(gateway, shard_sims, nc, unique):
-    # S004:523-525 (house.decay and its schedule), S004:549-551 (champ.update with bossUp).
+    # house.decay (with its schedule) and champ.update (with bossUp) (docs/gateway.md, "Frames").
     sim = await shard_sims(gateway, f"s{unique}")
     await sim.send("house.decay", serial="0x7", ownerName="ann", nextStage="GreatlyWorn", decayPeriodSec=86400,
                    dynamicDecay=False)
@@ -184,7 +185,7 @@ async def test_news_is_stored_announced_and_replayed_after_each_hello_without_an
                                          json.dumps({"id": "n1", "title": "Festival"}).encode(), timeout=5)).data)
     assert reply["status"] == 200
     await wait_until(lambda: len(sim.news) == 1)
-    # S004:292-294: the shard understands news.add, idempotent by id.
+    # The shard understands news.add, idempotent by id (docs/gateway.md, "News").
     assert sim.news[0]["kind"] == "news.add"
     assert sim.news[0]["announce"] is True and sim.news[0]["title"] == "Festival"
     await sim.drop()
@@ -239,7 +240,7 @@ async def test_a_board_read_while_its_keys_change_shows_every_key_and_never_goes
 
 
 async def test_unfinished_rosters_of_many_guilds_are_bounded_by_their_lines_bytes(gateway, shard_sims, nc, unique):
-    """A shard that starts roster after roster and finishes none (S004:308-403's chunks, every one
+    """A shard that starts roster after roster and finishes none (chunks as in docs/gateway.md, "Boards", every one
     with ``more``): what the gateway holds for them is bounded by their lines' bytes, the oldest
     discarded first; a roster finished afterwards is still written whole."""
     from services.gateway.boards import RosterAssembler

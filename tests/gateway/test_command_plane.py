@@ -1,5 +1,5 @@
 """The command plane: a request on shard.<shard>.cmd.<verb> reaches the shard as one line and
-its answer comes back with a status (SPEC section 2, "Commands → shard → reply")."""
+its answer comes back with a status (docs/gateway.md, "Commands" and "Statuses")."""
 
 from __future__ import annotations
 

@@ -221,8 +221,8 @@ async def test_a_shard_that_sends_and_never_reads_is_disconnected_before_its_bac
         # and how many frames that takes depends on how busy the machine is.
         link.writer.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         seq = 0
-        # The seed's guild.update (services/gateway/asyncapi_schema.py quotes it) with SPEC's optional
-        # seq, which the gateway acknowledges (docs/gateway.md, "frame.ack").
+        # The seed's guild.update (services/gateway/asyncapi_schema.py quotes it) with the optional
+        # seq, which the gateway acknowledges with a frame.ack (docs/gateway.md, "Frames").
         async with asyncio.timeout(90):
             while not link.closed:
                 batch = b"".join(b'{"kind":"guild.update","id":7,"name":"The Cartographers","abbr":"MAP",'

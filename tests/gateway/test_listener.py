@@ -147,7 +147,7 @@ async def test_the_status_request_shows_each_shard_and_the_time_of_its_last_line
 
 async def test_frames_with_seq_are_acknowledged_and_a_resend_after_reconnect_is_not_duplicated(
         gateway, shard_sims, nc, unique):
-    # SPEC's optional acknowledgement, beyond today's shards (the seed's frames carry no seq).
+    # The optional acknowledgement, beyond today's shards (the seed's frames carry no seq; docs/gateway.md, "Frames").
     sim = await shard_sims(gateway, f"s{unique}", sequenced=True)
     for i in range(50):
         await sim.send("vendor.listing", serial=i)

@@ -1,6 +1,6 @@
 """The reply mapping, row by row: the shard's answer → the caller's status. First every row the
-sidecar seed pins (its tests and comments, with their lines, from simulator/seed_wire.py), then
-SPEC section 2's paraphrased rows for the planes the seed describes only in prose."""
+sidecar seed pins (its tests and comments, from simulator/seed_wire.py), then the rows of
+docs/gateway.md, "Statuses", for what the seed describes only in prose."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from simulator.seed_wire import STATUS_ROWS
 
 
 @pytest.mark.parametrize(("verb", "answer", "status", "line"), STATUS_ROWS,
-                         ids=[f"S004:{row[3]} {row[0]} {row[1]['kind']}" for row in STATUS_ROWS])
+                         ids=[f"{row[0]} {row[1]['kind']} {row[2]}" for row in STATUS_ROWS])
 def test_every_row_the_seed_pins(verb, answer, status, line):
     assert status_for(verb, answer) == status
 
 
-# (SPEC row, verb sent, shard answer, status)
+# (the row of docs/gateway.md, "Statuses", verb sent, shard answer, status)
 TABLE = [
     ("bridge.busy on the event plane", "lease.apply", {"kind": "bridge.busy"}, 425),
     ("bridge.busy on the account plane", "account.create", {"kind": "bridge.busy"}, 425),

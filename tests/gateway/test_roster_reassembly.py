@@ -1,4 +1,5 @@
-"""Roster reassembly, one test per rule of SPEC section 2: a roster is written whole, never partial."""
+"""Roster reassembly, one test per rule of docs/gateway.md, "Boards" ("Roster reassembly"): a
+roster is written whole, never partial."""
 
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def test_a_new_hello_clears_every_partial():
 
 
 def test_a_chunk_whose_members_are_not_a_list_adds_no_members_and_still_completes():
-    # S004:271-276: `members` … `.and_then(|m| m.as_array()).cloned().unwrap_or_default()`.
+    # A missing or non-array `members` is empty, as the seed reads it (docs/gateway.md, "Boards").
     r = RosterAssembler()
     r.take("7", chunk(0, ["a"], True))
     assert r.take("7", {"seq": 1, "more": False, "members": "oops"}) == ["a"]
@@ -79,7 +80,7 @@ def test_a_chunk_whose_members_are_not_a_list_adds_no_members_and_still_complete
 
 
 def test_a_roster_with_no_seq_or_more_is_a_whole_one_frame_roster():
-    # S004:265-270: seq `unwrap_or(0)`, more `unwrap_or(false)`.
+    # A missing seq is 0, a missing more false, as the seed reads them (docs/gateway.md, "Boards").
     assert RosterAssembler().take("7", {"members": ["a"]}) == ["a"]
     assert RosterAssembler().take("7", {"seq": "1", "more": "yes", "members": ["b"]}) == ["b"]
 

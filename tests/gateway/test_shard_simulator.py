@@ -1,6 +1,7 @@
-"""The shard simulator speaks protocol 7 as the sidecar seed quotes it (S004 =
-../shared/seeds/004_15575f6fbdbb98d9.txt): each verb as a shard answers it, through a real
-gateway, with the statuses the seed maps them to, and no kind or sentence of its own."""
+"""The shard simulator speaks protocol 7 as the sidecar seed quotes it
+(docs/contracts.md, "Gateway command plane", and docs/gateway.md, "Statuses"): each verb as a
+shard answers it, through a real gateway, with the statuses the seed maps them to, and no kind
+or sentence of its own."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from tests.gateway.test_command_plane import ask
 
 
 async def test_world_spawn_owned_and_despawn_answer_removed_gone_and_refused(gateway, shard_sims, nc, unique):
-    # S004:1270-1276: removed was found and deleted; gone was owned but already absent (a
-    # success); refused was never this run's.
+    # Removed was found and deleted; gone was owned but already absent (a success); refused was
+    # never this run's (docs/contracts.md, "Gateway command plane").
     sim = await shard_sims(gateway, f"s{unique}")
     spawned = await ask(nc, sim.shard, "world.spawn", {"runId": "42", "what": "creature", "count": 3,
                                                        "map": "Felucca", "x": 1, "y": 2})
@@ -32,7 +33,7 @@ async def test_world_spawn_owned_and_despawn_answer_removed_gone_and_refused(gat
 
 
 async def test_a_despawn_with_no_serials_gives_back_everything_the_run_owns(gateway, shard_sims, nc, unique):
-    # S004:1270-1271: "or no serials at all, which means everything the run owns".
+    # No serials at all means everything the run owns (docs/contracts.md, "Gateway command plane").
     sim = await shard_sims(gateway, f"s{unique}")
     serials = (await ask(nc, sim.shard, "world.spawn", {"runId": "42", "what": "decor", "count": 4}))["body"]["serials"]
     mine = (await ask(nc, sim.shard, "world.spawn", {"runId": "43", "what": "gate"}))["body"]["serials"]
@@ -43,7 +44,7 @@ async def test_a_despawn_with_no_serials_gives_back_everything_the_run_owns(gate
 
 async def test_world_owned_prunes_what_the_world_lost_and_a_later_despawn_says_gone(gateway, shard_sims, nc,
                                                                                      unique):
-    # S004:1262-1264: the shard prunes rows whose object the world has lost as it walks.
+    # The shard prunes rows whose object the world has lost as it walks (docs/contracts.md, "Gateway command plane").
     sim = await shard_sims(gateway, f"s{unique}")
     serial = (await ask(nc, sim.shard, "world.spawn", {"runId": "42", "what": "boss"}))["body"]["serials"][0]
     sim.world.kill(serial)
@@ -53,7 +54,7 @@ async def test_world_owned_prunes_what_the_world_lost_and_a_later_despawn_says_g
 
 
 async def test_a_run_owning_nothing_is_an_empty_list_and_200(gateway, shard_sims, nc, unique):
-    # S004:1447-1464.
+    # A run owning nothing is an empty list and 200, never 404 (docs/contracts.md, "Gateway command plane").
     sim = await shard_sims(gateway, f"s{unique}")
     reply = await ask(nc, sim.shard, "world.owned", {"runId": "77"})
     assert reply["status"] == 200 and reply["body"] == {"t": reply["body"]["t"], "kind": "world.owned.ok",
@@ -89,7 +90,7 @@ async def test_a_lease_is_applied_listed_and_released_with_compare_and_set(gatew
 
 async def test_a_value_staff_changed_by_hand_is_never_overwritten_and_answers_drifted_200(
         gateway, shard_sims, nc, unique):
-    # S004:1371-1385.
+    # lease.drifted: 200, the value left as somebody set it (docs/gateway.md, "Statuses").
     sim = await shard_sims(gateway, f"s{unique}")
     await ask(nc, sim.shard, "lease.apply", {"key": "Weather.Season", "value": "winter", "holdMs": 60_000})
     sim.world.set_value("Weather.Season", "autumn")  # a GM changes it by hand
@@ -100,7 +101,7 @@ async def test_a_value_staff_changed_by_hand_is_never_overwritten_and_answers_dr
 
 
 async def test_a_lease_key_not_offered_is_404_and_a_hold_that_is_not_positive_400(gateway, shard_sims, nc, unique):
-    # S004:1466-1494.
+    # No such lease 404, a hold that is not positive 400 (docs/gateway.md, "Statuses").
     sim = await shard_sims(gateway, f"s{unique}")
     reply = await ask(nc, sim.shard, "lease.apply", {"key": "Loot.MaxProps", "value": "9", "holdMs": 5})
     assert reply["status"] == 404 and reply["body"]["reason"] == SENTENCE_EXAMPLES["no such lease"].value
@@ -110,8 +111,8 @@ async def test_a_lease_key_not_offered_is_404_and_a_hold_that_is_not_positive_40
 
 async def test_at_its_deadline_the_baseline_comes_back_and_the_hold_is_listed_expired_until_collected(
         gateway, shard_sims, nc, unique):
-    # S004:1137-1140: a lease whose deadline fired stays listed, expired: true, until teardown
-    # collects its verdict.
+    # A lease whose deadline fired stays listed, expired: true, until teardown collects its
+    # verdict (docs/contracts.md, "Gateway command plane").
     sim = await shard_sims(gateway, f"s{unique}")
     await ask(nc, sim.shard, "lease.apply", {"key": "Loot.RareChance", "value": "3", "holdMs": 150, "runId": "42"})
     assert sim.world.value("Loot.RareChance") == "3"
@@ -128,7 +129,8 @@ async def test_at_its_deadline_the_baseline_comes_back_and_the_hold_is_listed_ex
 
 
 async def test_a_targeted_lease_is_one_row_per_target(gateway, shard_sims, nc, unique):
-    # S004:1141-1149: Spawner.MaxCount has no single current; ?key=&target= narrow it to one row.
+    # Spawner.MaxCount has no single current; key and target narrow it to one row
+    # (docs/contracts.md, "Gateway command plane").
     sim = await shard_sims(gateway, f"s{unique}")
     await ask(nc, sim.shard, "lease.apply", {"key": "Spawner.MaxCount", "target": "0x4001", "value": "40",
                                              "holdMs": 60_000, "runId": "42"})
@@ -141,7 +143,8 @@ async def test_a_targeted_lease_is_one_row_per_target(gateway, shard_sims, nc, u
 
 
 async def test_participation_ledgers_and_item_grants(gateway, shard_sims, nc, unique):
-    # S004:1496-1521: a run never counted is 404; a counted run nobody attended is 200, granted 0.
+    # A run never counted is 404; a counted run nobody attended is 200, granted 0
+    # (docs/contracts.md, "Gateway command plane").
     sim = await shard_sims(gateway, f"s{unique}")
     not_counted = await ask(nc, sim.shard, "participation.snapshot", {"runId": "42"})
     assert not_counted["status"] == 404 and not_counted["body"]["reason"] == SENTENCE_EXAMPLES["run not counted"].value
@@ -170,7 +173,8 @@ async def test_participation_ledgers_and_item_grants(gateway, shard_sims, nc, un
 
 
 async def test_a_save_too_soon_after_the_last_is_429_and_a_save_rides_the_stream(gateway, shard_sims, nc, unique):
-    # S004:1321-1333, 1523-1534.
+    # world.save starts a save (its frames follow) and is rate limited: 429
+    # (docs/contracts.md, "Gateway command plane").
     sim = await shard_sims(gateway, f"s{unique}", world=ShardWorld(save_interval_s=300))
     sent: list[str] = []
     send = sim.send
@@ -193,7 +197,7 @@ async def test_a_disabled_event_plane_is_403_on_every_event_verb(gateway, shard_
 
 
 async def test_a_repeated_keyed_command_is_replayed_not_executed_again(gateway, shard_sims, nc, unique):
-    # S004:1578-1586: the replay is the original answer, marked replayed, under a new reqId.
+    # The replay is the original answer, marked replayed, under a new reqId (docs/gateway.md, "Statuses").
     sim = await shard_sims(gateway, f"s{unique}")
     serial = (await ask(nc, sim.shard, "world.spawn", {"runId": "42", "what": "npc"}))["body"]["serials"][0]
     body = {"runId": "42", "serials": [serial], "idempotencyKey": "revert-1"}
@@ -206,7 +210,7 @@ async def test_a_repeated_keyed_command_is_replayed_not_executed_again(gateway, 
 
 
 async def test_a_keyed_command_still_in_flight_answers_bridge_busy_425(gateway, shard_sims, nc, unique):
-    # S004:956-969: bridge.busy, nothing run, come back; S004:1348 its shape.
+    # bridge.busy: nothing run, come back; its shape is {"kind":"bridge.busy"} (docs/gateway.md, "Statuses").
     sim = await shard_sims(gateway, f"s{unique}")
     sim.answer_delay_s["participation.snapshot"] = 0.5
     await ask(nc, sim.shard, "participation.open", {"runId": "42"})

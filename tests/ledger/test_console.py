@@ -114,14 +114,15 @@ async def test_a_refused_request_publishes_no_event(ledger, nc, unique):
     await sub.unsubscribe()
 
 
-# (status, the console's word, colour, the seed's line: S000 = ../shared/seeds/000_17c043ca07765dbb.txt)
+# (status, the console's word, colour) where the website core seed gives them
+# (docs/console.md, "Statuses: words and colours", has the whole table)
 SEED_WORDS = [
-    ("reverted", "given back", "green", 75),
-    ("orphaned", "gone", "amber", 76),
-    ("drifted", "someone else moved it", "amber", 77),
-    ("expired", "ended by the game on time", "green", 78),
-    ("reverting", None, "amber", 65),   # the seed colours it, its word is shardbus's
-    ("confirmed", "still out there", None, 482),
+    ("reverted", "given back", "green"),
+    ("orphaned", "gone", "amber"),
+    ("drifted", "someone else moved it", "amber"),
+    ("expired", "ended by the game on time", "green"),
+    ("reverting", None, "amber"),   # the seed colours it, its word is shardbus's
+    ("confirmed", "still out there", None),
 ]
 
 
@@ -134,16 +135,16 @@ async def test_every_console_row_carries_its_status_word_and_colour_in_the_seeds
         if status != "confirmed":  # the status itself is set directly: this test reads, it does not sweep
             await db.execute("UPDATE resources SET status = $1 WHERE id = $2", status, ids[status])
     rows = {r["status"]: r for r in (await ledger.console(run))["resources"]}
-    for status, word, colour, line in SEED_WORDS:
+    for status, word, colour in SEED_WORDS:
         if word is not None:
-            assert rows[status]["word"] == word, f"S000:{line}"
+            assert rows[status]["word"] == word, status
         if colour is not None:
-            assert rows[status]["colour"] == colour, f"S000:{line}"
+            assert rows[status]["colour"] == colour, status
         assert rows[status]["word"] and rows[status]["colour"] in ("green", "amber", "grey", "blue")
 
 
 async def test_an_expiry_writes_the_seeds_last_error_sentence(ledger, unique):
-    # S000:176: markExpired(row.id, 'the game ended it at its deadline').
+    # The seed's markExpired(row.id, 'the game ended it at its deadline') (docs/ledger.md, "Expiry").
     run = f"r{unique}"
     await ledger.run(run, "running")
     await ledger.record(run, "c1")

@@ -1,4 +1,4 @@
-"""Expiry (SPEC 3), one test per rule: which rows expire, which are left, what a malformed
+"""Expiry (docs/ledger.md, "Expiry"), one test per rule: which rows expire, which are left, what a malformed
 expiry does, the log entry, and when a run's cleanup becomes complete."""
 
 from __future__ import annotations

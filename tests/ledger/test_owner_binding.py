@@ -1,4 +1,4 @@
-"""Owner binding (SPEC 3): the module of an expiry or a reconcile comes from the subject
+"""Owner binding (docs/ledger.md, "Owner binding"): the module of an expiry or a reconcile comes from the subject
 only; an ``owner`` or ``module`` field in the payload changes nothing. Also what a reconcile
 does to the rows the shard no longer lists."""
 

@@ -24,7 +24,7 @@ TERMINAL = (v.COMPLETED, v.CANCELLED, v.RUN_FAILED, v.MISSED)
 RUN_MOVES = {v.RUNNING: (v.SCHEDULED,), v.COMPLETED: (v.RUNNING,), v.RUN_FAILED: (v.RUNNING,),
              v.CANCELLED: (v.SCHEDULED, v.RUNNING), v.MISSED: (v.SCHEDULED,)}
 MAX_ATTEMPTS = 3
-EXPIRED_ERROR = "the game ended it at its deadline"  # SPEC S000:176, the lastError an expiry writes
+EXPIRED_ERROR = "the game ended it at its deadline"  # the lastError an expiry writes (docs/ledger.md, "Expiry")
 class _Unknown:
     """The one value of :data:`UNKNOWN`: it stays itself through ``copy.deepcopy`` (the model is
     copied to try each order of a step's requests; a plain ``object()`` came back as another
