@@ -8,7 +8,8 @@ from __future__ import annotations
 from shared.metrics import OTHER, Buckets
 
 FRAME_KINDS = frozenset({
-    # What a shard sends unasked (S004: the hello, the boards' kinds, the forwarded ones).
+    # What a shard sends unasked (the hello, the boards' kinds, the forwarded ones:
+    # docs/gateway.md, "Frames" and "Boards").
     "server.hello", "gateway.pong",
     "guild.update", "guild.roster", "guild.remove", "guild.leave",
     "house.decay", "vendor.listing", "vendor.listing.remove",

@@ -106,9 +106,9 @@ class FrameIntake:
         if item.kind == PONG:
             return None
         if item.kind == "server.hello":
-            # A hello on an open link: the seed's sidecar takes it as the shard starting over
-            # (S004:295-298: partial rosters dropped, news replayed). It is forwarded like the
-            # first one, without its token: a secret never goes into the stream.
+            # A hello on an open link is the shard starting over: partial rosters dropped, news
+            # replayed (docs/gateway.md, "Frames"). It is forwarded like the first one,
+            # without its token: a secret never goes into the stream.
             line = without_token(item.body)
             link.rosters = RosterAssembler()
             self.spawn(self._replay_news(link))

@@ -78,7 +78,7 @@ class ShardLines(asyncio.Protocol):
         """Take the buffer's whole lines until one must wait (then reading is paused, and the
         rest waits in the buffer: whole lines, however many, are not a long line). The cap is
         on one line: the line being taken, or the unfinished one after the last newline
-        (docs/gateway.md, Wire). Lines before an over-long one are all taken first."""
+        (docs/gateway.md, "Wire"). Lines before an over-long one are all taken first."""
         buf, cap = self.buf, self.cap
         start = 0
         try:

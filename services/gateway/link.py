@@ -75,7 +75,7 @@ class ShardLink:
 
     def silent_for(self, now: float) -> float:
         """Seconds the shard has been silent, for the watchdog: none while the gateway holds its
-        lines, and counted again from when it let go of them (docs/gateway.md, Wire)."""
+        lines, and counted again from when it let go of them (docs/gateway.md, "Wire")."""
         if self.held:
             return 0.0
         return now - max(self.last_line_at, self.released_at)

@@ -1,4 +1,4 @@
-"""Back-pressure pauses a busy shard, it never cuts it (docs/gateway.md, Wire and Publishing):
+"""Back-pressure pauses a busy shard, it never cuts it (docs/gateway.md, "Wire" and "Back-pressure"):
 whole lines waiting behind a full publisher are not "a line longer than the cap", a shard whose
 lines the gateway holds is not silent, and a shard that reads slower than the gateway writes to
 it is paused, not disconnected. Each test here failed on the gateway before the fix."""
