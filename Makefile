@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 LOCAL_NATS_URL ?= nats://127.0.0.1:4222
 LOCAL_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
-.PHONY: up test test-unit test-integration test-system test-local-servers test-faults test-model bench fault-runs soak docs clean browser promtool lint
+.PHONY: up test test-unit test-integration test-system test-local-servers test-faults test-model test-link-model bench fault-runs soak docs clean browser promtool lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -99,6 +99,13 @@ MODEL_FAULTS ?= 3
 test-model: $(STAMP)
 	$(NO_STACK) SHARDBUS_MODEL_EXAMPLES=$(MODEL_EXAMPLES) SHARDBUS_MODEL_STEPS=$(MODEL_STEPS) \
 		SHARDBUS_MODEL_FAULTS=$(MODEL_FAULTS) $(PY) -m pytest tests/model -s -p no:cacheprovider --timeout=0
+
+# The shard link against its model (tests/gateway/test_shard_link_model.py), long:
+# LINK_MODEL_EXAMPLES random examples, shrunk when one fails. `make test` runs 5, always the same.
+LINK_MODEL_EXAMPLES ?= 60
+test-link-model: $(STAMP)
+	$(NO_STACK) SHARDBUS_LINK_MODEL_EXAMPLES=$(LINK_MODEL_EXAMPLES) $(PY) -m pytest \
+		tests/gateway/test_shard_link_model.py -s -p no:cacheprovider --timeout=0
 
 # Lint and types (CI runs this): ruff over the tree, mypy strict on services/, shared/,
 # shardbus/ and simulator/ (pyproject.toml holds both configurations).
