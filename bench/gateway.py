@@ -117,22 +117,48 @@ async def dial(port: int, shard: str) -> tuple[asyncio.StreamReader, asyncio.Str
     return reader, writer
 
 
-async def ingest(nats_url: str, port: int, frames: int) -> float:
-    """Frames/s from one shard connection until a JetStream subscriber holds them all."""
+async def ingest(nats_url: str, port: int, frames: int, gateway_log: Path | None = None) -> tuple[float, int]:
+    """Frames/s from one shard connection, written as fast as TCP takes them (1,000 lines a
+    write: past the gateway's buffer, so it pauses the shard), until a JetStream subscriber
+    holds them all; and how often the gateway paused the shard (``readsPaused`` of its log's
+    "shard disconnected", -1 without a log). The link must end only when the shard closes it."""
     nc = await nats.connect(nats_url)
     shard = f"ing{uuid.uuid4().hex[:8]}"
-    done, _ = await count_stored(nc, subjects.frame(shard, "bench.frame"), frames)
+    done, seen = await count_stored(nc, subjects.frame(shard, "bench.frame"), frames)
     lines = [frame_line("bench.frame", i) + b"\n" for i in range(frames)]
     _reader, writer = await dial(port, shard)
     started = time.perf_counter()
-    for i in range(0, frames, 1000):
-        writer.write(b"".join(lines[i:i + 1000]))
-        await writer.drain()
-    await asyncio.wait_for(done.wait(), 300)
+    try:
+        for i in range(0, frames, 1000):
+            writer.write(b"".join(lines[i:i + 1000]))
+            await writer.drain()
+        await asyncio.wait_for(done.wait(), 300)
+    except (ConnectionError, TimeoutError) as exc:
+        raise RuntimeError(f"ingest: {seen[0]} of {frames} frames stored; the link: "
+                           f"{link_end(gateway_log, shard)}") from exc
     elapsed = time.perf_counter() - started
     writer.close()
     await nc.close()
-    return frames / elapsed
+    ended = {}
+    for _ in range(100):  # the gateway logs the link's end once it sees the close
+        if gateway_log is None or (ended := link_end(gateway_log, shard)):
+            break
+        await asyncio.sleep(0.05)
+    if ended and ended.get("reason") != "the shard closed the connection":
+        raise RuntimeError(f"ingest: the gateway ended the link: {ended}")
+    return frames / elapsed, int(ended.get("readsPaused", -1)) if ended else -1
+
+
+def link_end(gateway_log: Path | None, shard: str) -> dict:
+    """The gateway's "shard disconnected" record of ``shard`` (empty when not logged yet)."""
+    if gateway_log is None or not gateway_log.exists():
+        return {}
+    for line in gateway_log.read_text(errors="replace").splitlines():
+        if '"shard disconnected"' in line and shard in line:
+            record = json.loads(line)
+            if record.get("shard") == shard:
+                return record
+    return {}
 
 
 async def raw_publish(nats_url: str, frames: int) -> float:
@@ -318,8 +344,8 @@ def median_of_rounds(each: list[dict[str, float]]) -> dict:
     merged: dict = {}
     for key in each[0]:
         values = [r[key] for r in each if key in r]
-        merged[key] = round(statistics.median(values), 3)
-        if key.endswith("_ratio") or key.endswith("_p50_ms"):
+        merged[key] = values[0] if len(set(values)) == 1 else round(statistics.median(values), 3)
+        if key.endswith("_ratio") or key.endswith("_p50_ms") or key == "ingest_reads_paused":
             merged[f"{key}_each_round"] = values
     merged["rounds"] = len(each)
     return merged
@@ -474,16 +500,19 @@ async def shards_phase(workdir: Path, nats_url: str, shards: int, rate: float, s
 
 
 async def measure(nats_url: str, port: int, frames: int, only: str = "all",
-                  gateway_pid: int | None = None, nats_pid: int | None = None) -> dict[str, float]:
+                  gateway_pid: int | None = None, nats_pid: int | None = None,
+                  gateway_log: Path | None = None) -> dict[str, float]:
     """The single-shard phases: ``only`` "all" (ingest, latency, commands), "ingest" or "commands"."""
     results: dict[str, float] = {}
     if only in ("all", "ingest"):
         raw_rate = await raw_publish(nats_url, frames)
         print(f"raw JetStream publish:  {raw_rate:10.0f} frames/s")
-        ingest_rate = await ingest(nats_url, port, frames)
-        print(f"gateway ingest:         {ingest_rate:10.0f} frames/s  ({ingest_rate / raw_rate:.2f} of raw)")
+        ingest_rate, paused = await ingest(nats_url, port, frames, gateway_log)
+        print(f"gateway ingest:         {ingest_rate:10.0f} frames/s  ({ingest_rate / raw_rate:.2f} of raw)"
+              f"  shard paused {paused} times")
         results.update({
             "frames": frames,
+            "ingest_reads_paused": paused,
             "ingest_frames_per_s": round(ingest_rate, 1),
             "raw_publish_per_s": round(raw_rate, 1),
             "ingest_ratio": round(ingest_rate / raw_rate, 3),
@@ -544,6 +573,8 @@ def main() -> int:
     out = args.out.resolve() if args.out else ROOT / "bench" / "results" / name
     results: dict = json.loads(out.read_text()) if args.only != "all" and out.exists() else {}
     rounds = args.rounds
+    findings: dict[str, str] = {}
+    """Phases that died, and how: written into the results (a bench that dies is a finding)."""
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
         workdir = Path(tmp)
         server = embedded.start_nats(workdir / "nats", durable=args.sync == "always")
@@ -553,16 +584,23 @@ def main() -> int:
                 # Rounds interleaved: each measures raw, then the gateway, so a slow minute of the
                 # machine falls on both; the ratios' median is the figure.
                 gateway, port = start_gateway(workdir, server.url)
-                each = [asyncio.run(measure(server.url, port, args.frames, args.only, gateway.pid, server.proc.pid))
-                        for _ in range(rounds)]
-                results.update(median_of_rounds(each))
+                try:
+                    each = [asyncio.run(measure(server.url, port, args.frames, args.only, gateway.pid,
+                                                server.proc.pid, workdir / "gateway.log"))
+                            for _ in range(rounds)]
+                    results.update(median_of_rounds(each))
+                except Exception as exc:  # a bench that dies is a finding: recorded
+                    findings["single_shard"] = f"{type(exc).__name__}: {exc}"
                 embedded.stop_process(gateway)
                 gateway = None
             if args.only in ("all", "shards"):
                 key = f"shards_{args.shards}"
-                runs = [asyncio.run(shards_phase(workdir, server.url, args.shards, args.shard_rate,
-                                                 args.shard_seconds, 1, server.proc.pid)) for _ in range(rounds)]
-                results.update(shards_rounds(key, runs))
+                try:
+                    runs = [asyncio.run(shards_phase(workdir, server.url, args.shards, args.shard_rate,
+                                                     args.shard_seconds, 1, server.proc.pid)) for _ in range(rounds)]
+                    results.update(shards_rounds(key, runs))
+                except Exception as exc:  # recorded, as above
+                    findings[key] = f"{type(exc).__name__}: {exc}"
         finally:
             if gateway is not None:
                 embedded.stop_process(gateway)
@@ -571,16 +609,18 @@ def main() -> int:
             # Two gateways on a 3-node cluster (streams replicated 3 times), a few shards moving
             # from one to the other halfway: nothing they sent may be missing or stored twice.
             cluster = embedded.start_nats_cluster(workdir / "cluster", 3, durable=args.sync == "always")
+            key = f"shards_{args.shards}_replicas2_cluster3"
             try:
                 pids = [node.proc.pid for node in cluster.nodes]
                 many = asyncio.run(shards_phase(workdir, cluster.url, args.shards, args.shard_rate,
                                                 args.shard_seconds, 2, pids[0], move=MOVED_SHARDS, js_replicas=3))
+                for name in ("frame_p50_ms", "frame_p99_ms", "rss_kb_per_shard"):
+                    results[f"{key}_{name}"] = many[name]
+                results[f"{key}_run"] = many
+            except Exception as exc:  # recorded, as above
+                findings[key] = f"{type(exc).__name__}: {exc}"
             finally:
                 cluster.stop()
-            key = f"shards_{args.shards}_replicas2_cluster3"
-            for name in ("frame_p50_ms", "frame_p99_ms", "rss_kb_per_shard"):
-                results[f"{key}_{name}"] = many[name]
-            results[f"{key}_run"] = many
     shards_key = f"shards_{args.shards}"
     # Issue 26's targets, for the figures this file holds (--only shards without an earlier run: those).
     limits = {"ingest_ratio": (1.0, "min"), "latency_p99_ms_at_1k": (5.0, "max"), "command_p50_ratio": (2.3, "max"),
@@ -590,10 +630,13 @@ def main() -> int:
                for key, (limit, kind) in limits.items() if key in results}
     results["targets_met"] = targets
     results["sync"] = args.sync
+    results["phases_failed"] = findings
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"targets met: {targets}\nwrote {out}")
-    return 0
+    for phase, why in findings.items():
+        print(f"PHASE FAILED: {phase}: {why}", file=sys.stderr)
+    return 1 if findings else 0
 
 
 if __name__ == "__main__":
