@@ -32,7 +32,7 @@ from faststream.nats import NatsBroker
 from faststream.nats.subscriber.usecases import CoreSubscriber
 from pydantic import ValidationError
 
-from shared import replies, subjects
+from shared import faststream_internals, natspy_internals, replies, subjects
 from shared.delivery import is_direct, why_not_direct
 from shared.nats_connect import ClosedForGood, connect_options
 from shared.settings import CommonSettings
@@ -267,7 +267,7 @@ def add_health(app: FastStream, broker: NatsBroker, service: str, settings: Comm
 
     async def beat() -> None:
         while True:
-            if broker._connection is not None and broker._connection.is_connected:
+            if (nc := faststream_internals.connection_of(broker)) is not None and nc.is_connected:
                 # A few bytes to a local file, written in the loop on purpose: off it, a write still
                 # under way could land after the stop's unlink and leave a stale health file.
                 path.write_text(f"{time.time():.3f}\n")  # noqa: ASYNC240 — see above
@@ -315,7 +315,7 @@ def _drain_or_let_go(broker: NatsBroker) -> Callable[[], Any]:
     shutdown hooks included."""
 
     async def arm() -> None:
-        nc = broker._connection
+        nc = faststream_internals.connection_of(broker)
         if nc is None:
             return
         drain = nc.drain
@@ -337,6 +337,6 @@ def _drain_or_let_go(broker: NatsBroker) -> Callable[[], Any]:
                 log.warning("could not close the NATS connection cleanly", extra={"reason": repr(exc)})
 
         # This connection's own drain, replaced on purpose: FastStream's stop calls nc.drain().
-        nc.drain = drain_or_close  # type: ignore[method-assign]
+        natspy_internals.replace_drain(nc, drain_or_close)
 
     return arm

@@ -128,8 +128,10 @@ def service_registry(service: str, connected: Callable[[], bool]) -> CollectorRe
 def broker_connected(broker: NatsBroker) -> Callable[[], bool]:
     """Whether ``broker``'s connection is up now (False before it connects)."""
 
+    from shared import faststream_internals  # here: this module imports no FastStream at load
+
     def connected() -> bool:
-        nc = broker._connection
+        nc = faststream_internals.connection_of(broker)
         return nc is not None and nc.is_connected
 
     return connected

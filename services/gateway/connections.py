@@ -26,7 +26,7 @@ from services.gateway.line_reader import ShardLines
 from services.gateway.link import ShardLink
 from services.gateway.settings import GatewaySettings
 from services.gateway.wire import Hello, HelloRefused, LineTooLong, check_hello, read_line
-from shared import subjects
+from shared import asyncio_internals, subjects
 
 log = logging.getLogger("shardbus.gateway")
 
@@ -167,9 +167,8 @@ class Connections:
         transport = cast(asyncio.Transport, link.writer.transport)
         lines = ShardLines(link, self.intake.take_now, self.line_cap, transport.get_protocol(), transport,
                            self.counts)
-        # What the hello's StreamReader read past the hello is the start of the next lines
-        # (its buffer and end-of-stream flag: asyncio has no public way to take them back).
-        lines.start(bytes(reader._buffer), reader._eof)  # type: ignore[attr-defined]
+        # What the hello's StreamReader read past the hello is the start of the next lines.
+        lines.start(*asyncio_internals.unread_and_eof(reader))
         await lines.done
 
 

@@ -29,6 +29,7 @@ from nats.aio.subscription import Subscription
 
 from services.gateway.nats_protocol import hpub
 from services.gateway.outgoing import InFlight
+from shared import natspy_internals
 
 log = logging.getLogger("shardbus.gateway.publisher")
 
@@ -91,7 +92,7 @@ class PublishPipeline:
         self._sub = await self.nc.subscribe(f"{prefix}*", cb=self._on_ack)
         # nats-py calls its disconnected callback once the old connection is closed and before
         # it reconnects (and flushes what it holds): chained here, whoever set it is still called.
-        previous = self._previous_disconnected_cb = self.nc._disconnected_cb
+        previous = self._previous_disconnected_cb = natspy_internals.disconnected_callback(self.nc)
 
         async def on_disconnected() -> None:
             self._forget_unsent()
@@ -99,7 +100,7 @@ class PublishPipeline:
                 await previous()
 
         self._on_disconnected = on_disconnected
-        self.nc._disconnected_cb = on_disconnected
+        natspy_internals.set_disconnected_callback(self.nc, on_disconnected)
         self.prefix = prefix
         self._tasks = [asyncio.create_task(self._send()), asyncio.create_task(self._watch())]
         for task in self._tasks:
@@ -111,8 +112,8 @@ class PublishPipeline:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
-        if self._sub is not None and self.nc._disconnected_cb is self._on_disconnected:
-            self.nc._disconnected_cb = self._previous_disconnected_cb
+        if self._sub is not None and natspy_internals.disconnected_callback(self.nc) is self._on_disconnected:
+            natspy_internals.set_disconnected_callback(self.nc, self._previous_disconnected_cb)
         if self._sub is not None:
             try:
                 await self._sub.unsubscribe()
@@ -181,8 +182,7 @@ class PublishPipeline:
         frames are in their shards' windows and go again, in order, once NATS is back; a
         command reply in it was for a caller who will time out). Kept, it would be sent first
         on the new connection, ahead of earlier frames that died in the old one's socket."""
-        self.nc._pending = []
-        self.nc._pending_data_size = 0
+        natspy_internals.drop_unsent(self.nc)
 
     def post(self, command: bytes) -> None:
         """Add a protocol command (a command's reply: ``nats_protocol.reply``) to the next pass's
@@ -203,8 +203,7 @@ class PublishPipeline:
             batch, self._batch = self._batch, []
             if not self.nc.is_connected or self.connection() != self._batch_connection:
                 return  # NATS went away meanwhile: its frames' recovery sends them (see publish)
-            await self.nc._send_command(b"".join(batch))
-            await self.nc._flush_pending()
+            await natspy_internals.write_commands(self.nc, b"".join(batch))
 
     async def _send(self) -> None:
         while True:

@@ -8,7 +8,7 @@ from nats.js.api import StreamConfig
 from nats.js.errors import BadRequestError
 
 from services.gateway.settings import GatewaySettings
-from shared import subjects
+from shared import natspy_internals, subjects
 
 
 async def declare_streams(js: JetStreamContext, settings: GatewaySettings) -> None:
@@ -24,5 +24,4 @@ async def declare_streams(js: JetStreamContext, settings: GatewaySettings) -> No
             await js.update_stream(config)
     # nats-py sets up publish_async's reply subscription on first use, unguarded: two
     # shards publishing at once could each set it up and lose the other's acks.
-    if not js._async_reply_prefix:
-        await js._init_async_reply()
+    await natspy_internals.ensure_publish_async_reply(js)

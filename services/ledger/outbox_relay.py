@@ -49,7 +49,7 @@ from services.ledger.queries.outbox import (
     RELAY_STATE,
     RELAY_TRY_LOCK,
 )
-from shared import subjects
+from shared import natspy_internals, subjects
 
 log = logging.getLogger("shardbus.ledger.relay")
 
@@ -285,8 +285,7 @@ class OutboxRelay:
         # the acknowledgements awaited together: one round trip a batch, not one an event (the
         # relay's waits were most of the ledger's NATS traffic under load, bench/ledger.py). Any
         # failure fails the batch, which is published again whole: the message ids drop repeats.
-        if not self._js._async_reply_prefix:  # set up once, before the first publish (nats-py does it unguarded)
-            await self._js._init_async_reply()
+        await natspy_internals.ensure_publish_async_reply(self._js)  # once, before the first publish
         acks = [await self._js.publish_async(
                     subjects.ledger_run_events(run_id), payload(event_id, kind, run, resource),
                     stream=subjects.LEDGER_EVENTS_STREAM, headers={"Nats-Msg-Id": message_id(ledger_id, event_id)})

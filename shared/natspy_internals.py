@@ -1,0 +1,87 @@
+"""The one place shardbus goes beneath nats-py's public API (docs/adr/0007 and 0009 say why,
+with the measurements): the gateway writes its frames' HPUB commands itself and drops what
+nats-py holds for a dead connection; the gateway and the ledger set up ``publish_async``'s
+reply subscription before their first publish; the stop replaces a connection's ``drain``.
+
+nats-py is pinned exactly in pyproject.toml. :func:`incompatibilities` names each attribute
+used here that a release lacks or has changed; ``tests/shared/test_library_fences.py`` fails on
+any, so a new nats-py is taken only with this file checked against it."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+PINNED = "2.16.0"
+"""The nats-py release this file was checked against (pyproject.toml pins the same)."""
+
+Callback = Callable[[], Awaitable[None]]
+
+
+async def write_commands(nc: Client, data: bytes) -> None:
+    """Hand protocol commands (HPUB/PUB lines, already built) to nats-py's writer and flush them
+    now: one write for a whole pass of frames (``Client.publish`` would build each again)."""
+    await nc._send_command(data)
+    await nc._flush_pending()
+
+
+def drop_unsent(nc: Client) -> None:
+    """Forget what nats-py still holds for a dead connection (it would be sent first on the new
+    one, ahead of earlier frames that died in the old one's socket)."""
+    nc._pending = []
+    nc._pending_data_size = 0
+
+
+def disconnected_callback(nc: Client) -> Callback | None:
+    """The callback nats-py calls once a connection is closed, before it reconnects."""
+    callback: Callback | None = nc._disconnected_cb
+    return callback
+
+
+def set_disconnected_callback(nc: Client, callback: Callback | None) -> None:
+    """Set it after connecting (nats-py takes it only as a ``connect`` option)."""
+    nc._disconnected_cb = callback
+
+
+async def ensure_publish_async_reply(js: JetStreamContext) -> None:
+    """Set up ``publish_async``'s reply subscription once, before the first publish: nats-py
+    does it on first use, unguarded, so two publishers at once could each set one up and lose
+    the other's acknowledgements."""
+    if not js._async_reply_prefix:
+        await js._init_async_reply()
+
+
+def replace_drain(nc: Client, drain: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Replace this connection's ``drain`` (FastStream's stop calls ``nc.drain()``)."""
+    nc.drain = drain  # type: ignore[method-assign]
+
+
+def incompatibilities(client: type[Any] = Client, jetstream: type[Any] = JetStreamContext,
+                      installed: str | None = None) -> list[str]:
+    """What this file uses that the installed nats-py lacks or has changed (empty: all there)."""
+    found = []
+    version = installed if installed is not None else importlib.metadata.version("nats-py")
+    if version != PINNED:
+        found.append(f"nats-py {version} is installed; this file was checked against {PINNED}")
+    for name, params in (("_send_command", ["self", "cmd", "priority"]), ("_flush_pending", ["self", "force_flush"])):
+        method = getattr(client, name, None)
+        if not inspect.iscoroutinefunction(method):
+            found.append(f"Client.{name} is not a coroutine function")
+        elif list(inspect.signature(method).parameters) != params:
+            found.append(f"Client.{name}{inspect.signature(method)} changed")
+    instance = client()
+    for name, kind in (("_pending", list), ("_pending_data_size", int)):
+        if not isinstance(getattr(instance, name, None), kind):
+            found.append(f"Client().{name} is not a {kind.__name__}")
+    if not hasattr(instance, "_disconnected_cb"):
+        found.append("Client()._disconnected_cb is missing")
+    if not inspect.iscoroutinefunction(getattr(jetstream, "_init_async_reply", None)):
+        found.append("JetStreamContext._init_async_reply is not a coroutine function")
+    if client is Client and not hasattr(instance.jetstream(), "_async_reply_prefix"):
+        found.append("JetStreamContext()._async_reply_prefix is missing")
+    return found
