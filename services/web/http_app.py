@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.errors import ServerErrorMiddleware
+from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.web import installer_routes, ledger_routes
@@ -73,6 +74,23 @@ class DoorApp(FastAPI):
         await self._front(scope, receive, send)
 
 
+METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+"""The methods a 405's ``Allow`` may name (the door serves no other)."""
+
+
+def allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
+    """Every method some route of ``app`` answers at the request's path, for a 405's ``Allow``
+    (docs/web.md, "Methods"): each method is matched against the routes as the router would.
+    Starlette's own 405 names the methods of the first route whose path matched only
+    (``OPTIONS /runs`` said ``Allow: POST`` although ``GET /runs`` is served too)."""
+    allowed = []
+    for method in METHODS:
+        probe = {**scope, "type": "http", "method": method}
+        if any(route.matches(probe)[0] == Match.FULL for route in app.router.routes):
+            allowed.append(method)
+    return allowed
+
+
 def build_http_app(settings: WebSettings, nc: Any = None) -> DoorApp:
     """The door's ASGI app. ``nc`` (a connected nats-py client) may be set later, as
     ``app.state.nc``, once NATS is reached."""
@@ -85,8 +103,11 @@ def build_http_app(settings: WebSettings, nc: Any = None) -> DoorApp:
     app.state.nc = nc
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_request: Request, exc: StarletteHTTPException) -> Response:
-        return error(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == HTTPStatus.METHOD_NOT_ALLOWED:
+            headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(app, request.scope))}
+        return error(exc.status_code, str(exc.detail), headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> Response:
