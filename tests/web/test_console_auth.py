@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import re
 import time
 
 import httpx
@@ -52,6 +53,20 @@ async def test_only_the_operator_token_opens_the_console(door, caplog):
         assert runs.headers["content-security-policy"].startswith("default-src 'none'; script-src 'self'")
         assert OPERATOR_TOKEN not in runs.text
     assert OPERATOR_TOKEN not in caplog.text
+
+
+async def test_every_console_page_carries_server_timing(door):
+    # docs/console.md, "Login and session": every page carries Server-Timing; the login page did not.
+    async with _browser(door) as http:
+        answers = [await http.get("/console/login"),
+                   await http.post("/console/login", data={"token": "nope"})]
+        await _logged_in(http)
+        answers += [await http.get("/console/runs"),
+                    await http.post("/console/logout", data={"csrf": "stale"})]
+    assert [a.status_code for a in answers] == [200, 401, 200, 403]
+    for answer in answers:
+        assert answer.headers["content-type"].startswith("text/html")
+        assert re.fullmatch(r"app;dur=\d+\.\d\d", answer.headers["server-timing"]), answer.request.url
 
 
 @pytest.mark.parametrize("target", ["https://elsewhere.example/", "//elsewhere.example/x", "/console/../x",

@@ -65,6 +65,7 @@ async def console_home() -> Response:
 
 @router.get("/console/login")
 async def login_page(request: Request, next: str | None = None) -> Response:
+    pages.started(request)
     if auth.session(request) is not None:
         return RedirectResponse(_next(next), status_code=HTTPStatus.SEE_OTHER)
     return render(request, "login.html", next=_next(next), error=None)
@@ -72,6 +73,7 @@ async def login_page(request: Request, next: str | None = None) -> Response:
 
 @router.post("/console/login")
 async def login(request: Request) -> Response:
+    pages.started(request)
     form = await _form(request)
     refused = auth.check_token(request, form.get("token", ""))
     target = _next(form.get("next"))
@@ -86,6 +88,7 @@ async def login(request: Request) -> Response:
 
 @router.post("/console/logout")
 async def logout(request: Request) -> Response:
+    pages.started(request)
     form = await _form(request)
     nonce = auth.session(request)
     if nonce is not None and form.get("csrf") != auth.csrf_token(request, nonce):
