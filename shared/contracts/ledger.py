@@ -13,14 +13,17 @@ PostgreSQL prints them, so that no row can make a reply outgrow a NATS message
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, GetJsonSchemaHandler, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from shared import subjects
 from shared.contracts import Contract
@@ -93,7 +96,23 @@ def _storable(value: str) -> str:
     return value
 
 
-Text = AfterValidator(_storable)
+NO_NUL_PATTERN = "^[^\\u0000]*$"
+"""What :func:`_storable` checks, as a JSON schema says it (a lone surrogate cannot be sent as
+UTF-8 at all)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _StorableText(AfterValidator):
+    """:func:`_storable` after the type's own checks, and its rule in the JSON schema (the web
+    door's OpenAPI document: docs/web.md, "The OpenAPI document")."""
+
+    def __get_pydantic_json_schema__(self, core_schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        schema = handler(core_schema)
+        schema["pattern"] = NO_NUL_PATTERN
+        return schema
+
+
+Text = _StorableText(_storable)
 """Applied to every text field."""
 
 Module = ModuleName
@@ -198,12 +217,36 @@ Summary = Annotated[dict[str, Any], _capped("summary", SUMMARY_MAX_BYTES)]
 """A sweep's summary for the run log (a JSON object of at most :data:`SUMMARY_MAX_BYTES`)."""
 
 
+def _takes_int(annotation: Any) -> bool:
+    """True for an ``int`` field, or an optional one (``int | None``), annotated or not."""
+    if get_origin(annotation) is Annotated:
+        return _takes_int(get_args(annotation)[0])
+    if annotation is int:
+        return True
+    members = [a for a in get_args(annotation) if a is not type(None)]
+    return len(members) == 1 and type(None) in get_args(annotation) and _takes_int(members[0])
+
+
 class LedgerRequest(BaseModel):
     """Base of every request: camelCase names, strict types, no NaN or Infinity, unknown
-    fields ignored."""
+    fields ignored. An integer may be written with a zero fraction (``4041.0``): JSON has one
+    number type, and JSON Schema calls such a number an integer (docs/contracts.md, "Ledger");
+    a fraction (``4041.5``), a string or a boolean is still a 400."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, strict=True, extra="ignore",
                               allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_numbers(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for name, info in cls.model_fields.items():
+            for key in {info.alias or name, name}:
+                value = data.get(key)
+                if type(value) is float and value.is_integer() and _takes_int(info.annotation):
+                    data = {**data, key: int(value)}
+        return data
 
 
 Millis = Annotated[int, Field(ge=0, le=LEASE_DEADLINE_MAX)]

@@ -35,6 +35,13 @@ CASES = [
     ("confirm-id-as-text", subjects.LEDGER_RESOURCE_CONFIRM, {"resourceId": "1"}, 400, "resourceId"),
     ("confirm-missing-id", subjects.LEDGER_RESOURCE_CONFIRM, {}, 400, "resourceId"),
     ("confirm-unknown-id", subjects.LEDGER_RESOURCE_CONFIRM, {"resourceId": 424242}, 404, "424242"),
+    # A zero fraction is the integer (JSON Schema's integer, docs/contracts.md); a fraction is not.
+    ("confirm-unknown-id-with-zero-fraction", subjects.LEDGER_RESOURCE_CONFIRM, {"resourceId": 424242.0}, 404,
+     "no resource 424242"),
+    ("confirm-id-with-a-fraction", subjects.LEDGER_RESOURCE_CONFIRM, {"resourceId": 4242.5}, 400, "resourceId"),
+    ("confirm-id-as-boolean", subjects.LEDGER_RESOURCE_CONFIRM, {"resourceId": True}, 400, "resourceId"),
+    ("reserve-deadline-with-a-fraction", subjects.LEDGER_RESOURCE_RESERVE, {**KEY, "leaseDeadline": 1.5}, 400,
+     "leaseDeadline"),
     ("fail-missing-error", subjects.LEDGER_RESOURCE_FAIL, {"resourceId": 1}, 400, "error"),
     ("reconcile-present-not-a-list", subjects.ledger_reconcile("world"), {"runId": RUN, "present": "c1"}, 400,
      "present"),
