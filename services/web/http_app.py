@@ -122,6 +122,17 @@ def build_http_app(settings: WebSettings, nc: Any = None) -> DoorApp:
     app.sidecar = sidecar_routes.register(app.router)
     app.add_middleware(BodyCap, limit=settings.web_max_body_bytes)
 
+    def exact_openapi() -> dict[str, Any]:
+        """The document docs/openapi/web.json holds (services/web/openapi.py), not FastAPI's
+        default: made at the first request for it."""
+        if app.openapi_schema is None:
+            from services.web.openapi import describe  # it imports this module
+
+            app.openapi_schema = describe(FastAPI.openapi(app))
+        return app.openapi_schema
+
+    app.openapi = exact_openapi  # type: ignore[method-assign]
+
     @app.get("/health", include_in_schema=False)
     async def health() -> dict[str, Any]:
         nc_ = app.state.nc
