@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 LOCAL_NATS_URL ?= nats://127.0.0.1:4222
 LOCAL_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
-.PHONY: up test test-unit test-integration test-system test-local-servers test-faults test-model test-link-model bench fault-runs soak docs clean browser promtool lint
+.PHONY: up test test-unit test-integration test-system test-local-servers test-faults test-model test-link-model test-schemathesis bench fault-runs soak docs clean browser promtool lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -106,6 +106,14 @@ LINK_MODEL_EXAMPLES ?= 60
 test-link-model: $(STAMP)
 	$(NO_STACK) SHARDBUS_LINK_MODEL_EXAMPLES=$(LINK_MODEL_EXAMPLES) $(PY) -m pytest \
 		tests/gateway/test_shard_link_model.py -s -p no:cacheprovider --timeout=0
+
+# Schemathesis against a door on a real stack (tests/web/test_schemathesis.py, docs/web.md, "The
+# OpenAPI document"), longer: SCHEMATHESIS_EXAMPLES examples per operation and phase (`make test`
+# runs 5), both tokens.
+SCHEMATHESIS_EXAMPLES ?= 100
+test-schemathesis: $(STAMP)
+	$(NO_STACK) SHARDBUS_SCHEMATHESIS_EXAMPLES=$(SCHEMATHESIS_EXAMPLES) SHARDBUS_SCHEMATHESIS_TIMEOUT_S=3600 \
+		$(PY) -m pytest tests/web/test_schemathesis.py -p no:cacheprovider --timeout=0
 
 # Lint and types (CI runs this): ruff over the tree, mypy strict on services/, shared/,
 # shardbus/ and simulator/ (pyproject.toml holds both configurations).
