@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 LOCAL_NATS_URL ?= nats://127.0.0.1:4222
 LOCAL_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
-.PHONY: up test test-unit test-integration test-system test-local-servers test-faults test-model test-link-model test-schemathesis bench fault-runs soak docs clean browser promtool lint
+.PHONY: up test test-unit test-integration test-system test-local-servers test-faults test-model test-link-model test-schemathesis bench fault-runs soak docs clean browser promtool npm-tools lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,23 @@ promtool:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 	@test -x $(PROMTOOL) || { echo "no promtool at $(PROMTOOL): apt-get install prometheus" >&2; exit 1; }
 
+# The AsyncAPI documents' check (tests/system/test_asyncapi_parser.py) runs the official AsyncAPI
+# parser, an npm package: this installs tests/npm's exact versions (package-lock.json) into
+# .npm-tools/ when they changed, and fails when it cannot: a missing tool is a failed suite,
+# never a skipped test. Node and npm come from Debian's nodejs and npm packages when missing.
+NPM_TOOLS := .npm-tools
+NPM_STAMP := $(NPM_TOOLS)/node_modules/.package-lock.json
+npm-tools: $(NPM_STAMP)
+$(NPM_STAMP): tests/npm/package.json tests/npm/package-lock.json
+	@command -v npm >/dev/null || { echo "== installing Debian's nodejs and npm (tests/npm's tools)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
+	@command -v npm >/dev/null || { echo "no npm: apt-get install nodejs npm" >&2; exit 1; }
+	@mkdir -p $(NPM_TOOLS) && cp tests/npm/package.json tests/npm/package-lock.json $(NPM_TOOLS)/
+	@echo "== installing tests/npm's tools into $(NPM_TOOLS)/"
+	@cd $(NPM_TOOLS) && npm ci --no-audit --no-fund --silent || \
+		{ echo "npm could not install tests/npm's tools into $(NPM_TOOLS)/" >&2; exit 1; }
+	@touch $(NPM_STAMP)
+
 # The suite runs in WORKERS pytest-xdist processes, a file to a worker (and every file that starts
 # whole stacks on one worker, in turn: tests/conftest.py, STACK_GROUP): each worker starts its
 # own nats-server and PostgreSQL (tests/conftest.py), so no two workers share a subject, a
@@ -69,7 +86,7 @@ WORKERS ?= 4
 PARALLEL = $(if $(SHARDBUS_TEST_NATS_URL)$(SHARDBUS_TEST_DATABASE_URL),,$(if $(filter-out 0 1,$(WORKERS)),-n $(WORKERS) --dist loadgroup))
 
 # The fault suite (tests/faults, marked `faults`) runs on its own: make test-faults.
-test: $(STAMP) browser promtool
+test: $(STAMP) browser promtool npm-tools
 	$(NO_STACK) $(PY) -m pytest -m "not faults" $(PARALLEL)
 
 # By cost (every test has one marker, given by tests/conftest.py): seconds, then minutes.
@@ -77,13 +94,13 @@ test-unit: $(STAMP)
 	$(NO_STACK) $(PY) -m pytest -m unit
 test-integration: $(STAMP)
 	$(NO_STACK) $(PY) -m pytest -m integration $(PARALLEL)
-test-system: $(STAMP) browser promtool
+test-system: $(STAMP) browser promtool npm-tools
 	$(NO_STACK) $(PY) -m pytest -m system $(PARALLEL)
 
 # The same suite against already-running servers (CI: the machine's NATS and PostgreSQL). One
 # process: workers would share these servers, and one worker's in-process ledger would answer
 # another's requests from the wrong database.
-test-local-servers: $(STAMP) browser promtool
+test-local-servers: $(STAMP) browser promtool npm-tools
 	$(NO_STACK) SHARDBUS_TEST_NATS_URL=$(LOCAL_NATS_URL) SHARDBUS_TEST_DATABASE_URL=$(LOCAL_DATABASE_URL) \
 		$(PY) -m pytest -m "not faults"
 
