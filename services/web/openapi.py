@@ -226,17 +226,30 @@ def _schemas() -> dict[str, Any]:
 STORED_JSON = {"Revert": ledger.REVERT_MAX_BYTES, "Summary": ledger.SUMMARY_MAX_BYTES}
 """The free-form objects the ledger stores as PostgreSQL jsonb (their schema's title)."""
 
-STORABLE_JSON: dict[str, Any] = {
-    "title": "StorableJson",
-    "description": "A JSON value PostgreSQL stores: no NUL character (U+0000) in any string or key.",
-    "anyOf": [
-        {"type": "string", "pattern": ledger.NO_NUL_PATTERN},
-        {"type": ["number", "boolean", "null"]},
-        {"type": "array", "items": {"$ref": REF.format(model="StorableJson")}},
-        {"type": "object", "propertyNames": {"pattern": ledger.NO_NUL_PATTERN},
-         "additionalProperties": {"$ref": REF.format(model="StorableJson")}},
-    ],
+NO_NUL_TEXT: dict[str, Any] = {"type": "string", "pattern": ledger.NO_NUL_PATTERN}
+SCALAR: dict[str, Any] = {"type": ["number", "boolean", "null"]}
+
+STORED: dict[str, dict[str, Any]] = {
+    "StorableJson": {
+        "description": "A JSON value PostgreSQL stores: no NUL character (U+0000) in any string or key.",
+        "anyOf": [NO_NUL_TEXT, SCALAR, {"$ref": REF.format(model="StorableArray")},
+                  {"$ref": REF.format(model="StorableObject")}],
+    },
+    "StorableObject": {
+        "type": "object", "description": "A JSON object PostgreSQL stores: no NUL in a key or within.",
+        "propertyNames": {"pattern": ledger.NO_NUL_PATTERN},
+        "additionalProperties": {"$ref": REF.format(model="StorableJson")},
+    },
+    # An array's items refer to StorableObject, not back to StorableJson: TypeScript generators
+    # (openapi-typescript) cannot type an array of itself (TS2502). An array within an array holds
+    # no NUL either; this schema does not say so.
+    "StorableArray": {
+        "type": "array", "description": "A JSON array PostgreSQL stores: no NUL within.",
+        "items": {"anyOf": [NO_NUL_TEXT, SCALAR, {"$ref": REF.format(model="StorableObject")},
+                            {"type": "array"}]},
+    },
 }
+"""What the ledger's stored JSON objects (revert, summary) may hold, as components."""
 
 
 def _request_schema(op: Op) -> dict[str, Any]:
@@ -519,7 +532,7 @@ def describe(generated: dict[str, Any]) -> dict[str, Any]:
                 mine = _sidecar_operation(method, path)
             paths.setdefault(path, {})[method] = {**kept, **mine}
     _overlaps(paths)
-    schemas = {"Error": ERROR, "StorableJson": STORABLE_JSON, **_schemas()}
+    schemas = {"Error": ERROR, **STORED, **_schemas()}
     return {
         "openapi": generated["openapi"],
         "info": {**generated["info"], "description": generated["info"].get("description", "")
