@@ -24,6 +24,7 @@ from services.web.auth import Tokens
 from services.web.console import actions as console_actions
 from services.web.console import routes as console_routes
 from services.web.feed import routes as feed_routes
+from services.web.openapi_doc import describe
 from services.web.relay import error
 from services.web.settings import WebSettings
 from services.web.sidecar import routes as sidecar_routes
@@ -123,11 +124,9 @@ def build_http_app(settings: WebSettings, nc: Any = None) -> DoorApp:
     app.add_middleware(BodyCap, limit=settings.web_max_body_bytes)
 
     def exact_openapi() -> dict[str, Any]:
-        """The document docs/openapi/web.json holds (services/web/openapi.py), not FastAPI's
-        default: made at the first request for it."""
+        """The document docs/openapi/web.json holds (services/web/openapi_doc.py), not
+        FastAPI's default: made at the first request for it."""
         if app.openapi_schema is None:
-            from services.web.openapi import describe  # it imports this module
-
             app.openapi_schema = describe(FastAPI.openapi(app))
         return app.openapi_schema
 
