@@ -19,45 +19,19 @@ from faststream.specification import AsyncAPI
 from faststream.specification.asyncapi.utils import ref
 from faststream.specification.asyncapi.v3_0_0.schema import ApplicationSchema, Channel, Components, Message, Reference
 from faststream.specification.base import Specification
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic import BaseModel
 
 # Commands, board reads, news and status are the gateway's contract (shared/contracts/gateway.py),
-# the models the web door reads the replies with; documented here under their own names.
+# the models the web door reads the replies with, and so are the frames and dead letters it
+# publishes; documented here under their own names.
 from shared.contracts.gateway import BoardReply as BoardReply
 from shared.contracts.gateway import CommandReply as CommandReply
 from shared.contracts.gateway import CommandRequest as CommandRequest
+from shared.contracts.gateway import DeadLetter as DeadLetter
+from shared.contracts.gateway import Frame as Frame
 from shared.contracts.gateway import NewsItem as NewsItem
 from shared.contracts.gateway import NewsReply as NewsReply
 from shared.contracts.gateway import ShardAnswer as ShardAnswer
-
-# --- frames and dead letters (the gateway publishes) ------------------------------------
-
-
-class Frame(BaseModel):
-    """A line the shard sent, published verbatim (`server.hello` without its `token`).
-    Every field besides `kind` is the shard's; see docs/gateway.md, "Frames", for every
-    kind a seed shard sends."""
-
-    model_config = ConfigDict(extra="allow", title="Frame", json_schema_extra={"examples": [
-        {"t": 1733000000000, "kind": "server.hello", "shard": "uo1", "protocol": 7},
-        {"kind": "guild.update", "id": 7, "name": "The Cartographers", "abbr": "MAP", "members": 2, "online": 1},
-        {"kind": "guild.roster", "id": 7, "seq": 0, "more": False,
-         "members": [{"serial": "0x1", "name": "Ada"}, {"serial": "0x2", "name": "Bo"}]},
-    ]})
-
-    kind: str = Field(description="The frame's kind: the subject's last tokens (e.g. guild.update).")
-    t: int | None = Field(default=None, description="Shard time in ms, when the shard sent it.")
-
-
-class DeadLetter(RootModel[str]):
-    """A line the gateway could not publish as a frame (malformed JSON, not an object, no or an
-    unsafe `kind`), or a board frame whose id is unusable (also published as a frame): the
-    line's bytes as received, with the reason in the `Shardbus-Reason` header."""
-
-    model_config = ConfigDict(title="DeadLetter")
-
-
-
 
 # --- the document -------------------------------------------------------------------------
 

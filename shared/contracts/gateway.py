@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from shared import subjects
 from shared.contracts import Contract
@@ -149,6 +149,33 @@ class StatusReply(Reply):
     model_config = ConfigDict(title="GatewayStatusReply", extra="allow")
 
     shards: list[ShardLinkStatus] | None = None
+
+
+# --- frames and dead letters (the gateway publishes; for its AsyncAPI document, not parsed) ---
+
+
+class Frame(BaseModel):
+    """A line the shard sent, published verbatim (`server.hello` without its `token`).
+    Every field besides `kind` is the shard's; see docs/gateway.md, "Frames", for every
+    kind a seed shard sends."""
+
+    model_config = ConfigDict(extra="allow", title="Frame", json_schema_extra={"examples": [
+        {"t": 1733000000000, "kind": "server.hello", "shard": "uo1", "protocol": 7},
+        {"kind": "guild.update", "id": 7, "name": "The Cartographers", "abbr": "MAP", "members": 2, "online": 1},
+        {"kind": "guild.roster", "id": 7, "seq": 0, "more": False,
+         "members": [{"serial": "0x1", "name": "Ada"}, {"serial": "0x2", "name": "Bo"}]},
+    ]})
+
+    kind: str = Field(description="The frame's kind: the subject's last tokens (e.g. guild.update).")
+    t: int | None = Field(default=None, description="Shard time in ms, when the shard sent it.")
+
+
+class DeadLetter(RootModel[str]):
+    """A line the gateway could not publish as a frame (malformed JSON, not an object, no or an
+    unsafe `kind`), or a board frame whose id is unusable (also published as a frame): the
+    line's bytes as received, with the reason in the `Shardbus-Reason` header."""
+
+    model_config = ConfigDict(title="DeadLetter")
 
 
 CONTRACTS: tuple[Contract, ...] = (
