@@ -218,19 +218,29 @@ def _schemas() -> dict[str, Any]:
                     "additionalProperties": {"$ref": REF.format(model="StorableJson")},
                     "description": f"At most {STORED_JSON[prop['title']]} bytes as PostgreSQL prints it, nested at "
                                    f"most {ledger.JSON_DEPTH_MAX} deep (docs/contracts.md, \"Ledger\")."}
-    return {renames.get(key, key): value for key, value in defs.items()}
+    named = {renames.get(key, key): value for key, value in defs.items()}
+    for name, schema in named.items():
+        if name != key_title(schema):  # one title a schema: generators name their classes by it
+            schema["title"] = name
+    return named
+
+
+def key_title(schema: dict[str, Any]) -> str | None:
+    title = schema.get("title")
+    return title if isinstance(title, str) else None
 
 
 STORED_JSON = {"Revert": ledger.REVERT_MAX_BYTES, "Summary": ledger.SUMMARY_MAX_BYTES}
 """The free-form objects the ledger stores as PostgreSQL jsonb (their schema's title)."""
 
 NO_NUL_TEXT: dict[str, Any] = {"type": "string", "pattern": ledger.NO_NUL_PATTERN}
-SCALAR: dict[str, Any] = {"type": ["number", "boolean", "null"]}
+SCALARS: list[dict[str, Any]] = [{"type": "number"}, {"type": "boolean"}, {"type": "null"}]
+"""One type each: Python client generators (openapi-python-client) refuse a list of types in a union."""
 
 STORED: dict[str, dict[str, Any]] = {
     "StorableJson": {
         "description": "A JSON value PostgreSQL stores: no NUL character (U+0000) in any string or key.",
-        "anyOf": [NO_NUL_TEXT, SCALAR, {"$ref": REF.format(model="StorableArray")},
+        "anyOf": [NO_NUL_TEXT, *SCALARS, {"$ref": REF.format(model="StorableArray")},
                   {"$ref": REF.format(model="StorableObject")}],
     },
     "StorableObject": {
@@ -243,8 +253,8 @@ STORED: dict[str, dict[str, Any]] = {
     # no NUL either; this schema does not say so.
     "StorableArray": {
         "type": "array", "description": "A JSON array PostgreSQL stores: no NUL within.",
-        "items": {"anyOf": [NO_NUL_TEXT, SCALAR, {"$ref": REF.format(model="StorableObject")},
-                            {"type": "array"}]},
+        "items": {"anyOf": [NO_NUL_TEXT, *SCALARS, {"$ref": REF.format(model="StorableObject")},
+                            {"type": "array", "items": {}}]},
     },
 }
 """What the ledger's stored JSON objects (revert, summary) may hold, as components."""
