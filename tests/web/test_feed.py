@@ -1,5 +1,5 @@
 """The live feed over real WebSocket and HTTP (SSE): frames from a real gateway and shard
-simulator (the seed's frames, S004 = ../shared/seeds/004_15575f6fbdbb98d9.txt), board changes,
+simulator (the seed's frames, docs/gateway.md, "Frames"), board changes,
 ledger events, filters, resuming after a disconnect, a client that stops reading, auth.
 
 Each test's door has a feed stream of its own (deleted after), sourcing the session's streams."""
@@ -37,7 +37,8 @@ WAIT_S = 10.0
 """Longest wait for any one event."""
 
 SEED_GUILD = {k: v for k, v in GUILD_UPDATE.value.items() if k != "kind"}
-"""S004:827 ``{"kind":"guild.update","id":7,"name":"The Cartographers","abbr":"MAP","members":2,"online":1}``."""
+"""The seed's own guild.update (docs/gateway.md, "Frames"):
+``{"kind":"guild.update","id":7,"name":"The Cartographers","abbr":"MAP","members":2,"online":1}``."""
 
 
 @pytest.fixture
@@ -139,7 +140,7 @@ async def test_frames_and_board_changes_arrive_live_each_with_its_cursor(feed_do
     seqs = [e["seq"] for e in got]
     assert seqs == sorted(seqs) and seqs[0] > hello["seq"]
 
-    await sim.send("guild.remove", id=7)  # S004:289-290: the board deletes the guild
+    await sim.send("guild.remove", id=7)  # the board deletes the guild (docs/gateway.md, "Boards")
     got = await events_until(ws, lambda g: any(e["type"] == "board" for e in g))
     deleted = next(e for e in got if e["type"] == "board")
     assert (deleted["op"], deleted["key"], deleted["data"]) == ("delete", f"{shard}.7.snapshot", None)

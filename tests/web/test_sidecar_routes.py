@@ -1,10 +1,10 @@
-"""The sidecar's HTTP API through the door, drop-in: each route of the seed's router
-(S004:908-951) reaches the shard as the seed's handlers send it (S004:1100-1333), and each answer
-comes back with the seed's status and the shard's line as the body — real HTTP in, the real
-gateway, a scripted shard answering in the seed's own words (tests/conformance/conftest.py).
+"""The sidecar's HTTP API through the door, drop-in: each route of the seed's router reaches the
+shard as the seed's handlers send it (docs/web.md, "Routes and verbs", "Body rules"), and each
+answer comes back with the seed's status and the shard's line as the body — real HTTP in, the
+real gateway, a scripted shard answering in the seed's own words (tests/conformance/conftest.py).
 
-The table below is written from the seed, not from services/web's route table, so the two can
-disagree."""
+The table below is written from docs/web.md's table of the seed's routes, not from services/web's
+route table, so the two can disagree."""
 
 from __future__ import annotations
 
@@ -18,48 +18,48 @@ from tests.conformance.conftest import ScriptedShard, scripted  # noqa: F401 —
 from tests.gateway.conftest import wait_until
 from tests.web.conftest import MODULE_TOKENS, OPERATOR_TOKEN
 
-# (method, path, the HTTP body, the line's fields the shard must receive (kind and reqId aside),
-#  the verb, the seed line of the route)
-SEED_ROUTES: list[tuple[str, str, Any, dict[str, Any], str, int]] = [
+# (method, path, the HTTP body, the line's fields the shard must receive (kind and reqId aside), the verb)
+SEED_ROUTES: list[tuple[str, str, Any, dict[str, Any], str]] = [
     ("POST", "/admin/ban", {"actor": "gm-ada", "account": "alice", "durationSec": 3600, "reason": "spam"},
-     {"actor": "gm-ada", "account": "alice", "durationSec": 3600, "reason": "spam"}, "admin.ban", 911),
+     {"actor": "gm-ada", "account": "alice", "durationSec": 3600, "reason": "spam"}, "admin.ban"),
     ("POST", "/admin/unban", {"actor": "gm-ada", "account": "alice"},
-     {"actor": "gm-ada", "account": "alice"}, "admin.unban", 912),
+     {"actor": "gm-ada", "account": "alice"}, "admin.unban"),
     ("POST", "/admin/broadcast", {"actor": "gm-ada", "text": "Server restart in 5 minutes", "hue": 33},
-     {"actor": "gm-ada", "text": "Server restart in 5 minutes", "hue": 33}, "admin.broadcast", 913),
-    ("GET", "/lease", None, {}, "lease.list", 918),
+     {"actor": "gm-ada", "text": "Server restart in 5 minutes", "hue": 33}, "admin.broadcast"),
+    ("GET", "/lease", None, {}, "lease.list"),
     ("GET", "/lease?key=Spawner.MaxCount&target=0x4001", None, {"key": "Spawner.MaxCount", "target": "0x4001"},
-     "lease.list", 1150),
+     "lease.list"),
     ("POST", "/lease", {"key": "PlayerCaps.SkillCap", "value": "1300", "holdMs": 600000, "untilMs": 1733000600000,
                         "runId": "42", "idempotencyKey": "run42:step3"},
      {"key": "PlayerCaps.SkillCap", "value": "1300", "holdMs": 600000, "untilMs": 1733000600000,
-      "runId": "42", "idempotencyKey": "run42:step3"}, "lease.apply", 1173),
+      "runId": "42", "idempotencyKey": "run42:step3"}, "lease.apply"),
     ("POST", "/lease/release", {"key": "PlayerCaps.SkillCap", "expected": "1300", "baseline": "1200",
                                 "idempotencyKey": "run42:teardown:lease"},
      {"key": "PlayerCaps.SkillCap", "expected": "1300", "baseline": "1200",
-      "idempotencyKey": "run42:teardown:lease"}, "lease.release", 1186),
+      "idempotencyKey": "run42:teardown:lease"}, "lease.release"),
     ("POST", "/participation", {"runId": "42", "map": "Felucca", "x": 1400, "y": 1600, "radius": 30},
-     {"runId": "42", "map": "Felucca", "x": 1400, "y": 1600, "radius": 30}, "participation.open", 1198),
+     {"runId": "42", "map": "Felucca", "x": 1400, "y": 1600, "radius": 30}, "participation.open"),
     ("POST", "/participation/42/snapshot", {"idempotencyKey": "run42:snapshot"},
-     {"idempotencyKey": "run42:snapshot", "runId": "42"}, "participation.snapshot", 1210),
+     {"idempotencyKey": "run42:snapshot", "runId": "42"}, "participation.snapshot"),
     ("POST", "/participation/42/close", {"idempotencyKey": "run42:close"},
-     {"idempotencyKey": "run42:close", "runId": "42"}, "participation.close", 1229),
+     {"idempotencyKey": "run42:close", "runId": "42"}, "participation.close"),
     ("POST", "/world", {"runId": "42", "what": "creature", "map": "Felucca", "x": 1400, "y": 1600},
-     {"runId": "42", "what": "creature", "map": "Felucca", "x": 1400, "y": 1600}, "world.spawn", 1245),
-    ("GET", "/world/42", None, {"runId": "42"}, "world.owned", 1267),
+     {"runId": "42", "what": "creature", "map": "Felucca", "x": 1400, "y": 1600}, "world.spawn"),
+    ("GET", "/world/42", None, {"runId": "42"}, "world.owned"),
     ("POST", "/world/42/despawn", {"serials": ["0x40000001"]}, {"serials": ["0x40000001"], "runId": "42"},
-     "world.despawn", 1270),
-    ("POST", "/world/42/despawn", {}, {"runId": "42"}, "world.despawn", 1270),  # no serials: everything
-    ("GET", "/items", None, {}, "item.catalog", 1299),
+     "world.despawn"),
+    ("POST", "/world/42/despawn", {}, {"runId": "42"}, "world.despawn"),  # no serials: everything
+    ("GET", "/items", None, {}, "item.catalog"),
     ("POST", "/items/grant", {"runId": "42", "item": "gold", "amount": 500, "idempotencyKey": "run42:grant"},
-     {"runId": "42", "item": "gold", "amount": 500, "idempotencyKey": "run42:grant"}, "item.grant", 1302),
-    ("POST", "/world/save", {"idempotencyKey": "run42:save"}, {"idempotencyKey": "run42:save"}, "world.save", 1321),
-    ("GET", "/pages", None, {}, "pages.list", 950),
-    ("POST", "/pages/p1/respond", {"text": "freed you"}, {"text": "freed you", "id": "p1"}, "pages.respond", 951),
+     {"runId": "42", "item": "gold", "amount": 500, "idempotencyKey": "run42:grant"}, "item.grant"),
+    ("POST", "/world/save", {"idempotencyKey": "run42:save"}, {"idempotencyKey": "run42:save"}, "world.save"),
+    ("GET", "/pages", None, {}, "pages.list"),
+    ("POST", "/pages/p1/respond", {"text": "freed you"}, {"text": "freed you", "id": "p1"}, "pages.respond"),
 ]
 
-ROUTE_OF_VERB = {verb: (method, path, body) for method, path, body, _f, verb, _l in SEED_ROUTES}
-ROUTE_OF_VERB.update({  # the account plane: shardbus's paths (the seed names the plane, S004:1065-1079)
+ROUTE_OF_VERB = {verb: (method, path, body) for method, path, body, _f, verb in SEED_ROUTES}
+ROUTE_OF_VERB.update({  # the account plane: shardbus's paths (the seed names only its verbs, docs/web.md,
+    # "Routes and verbs")
     "account.create": ("POST", "/account/create", {"account": "carol"}),
     "account.link": ("POST", "/account/link", {"account": "carol", "userId": "u-17"}),
     "account.unlink": ("POST", "/account/unlink", {"account": "carol"}),
@@ -83,10 +83,10 @@ def _lines(shard: ScriptedShard, verb: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("scoped", [False, True], ids=["bare path", "/shards/{shard}"])
-@pytest.mark.parametrize(("method", "path", "body", "fields", "verb", "line"), SEED_ROUTES,
-                         ids=[f"{r[0]} {r[1]} (S004:{r[5]})" for r in SEED_ROUTES])
+@pytest.mark.parametrize(("method", "path", "body", "fields", "verb"), SEED_ROUTES,
+                         ids=[f"{r[0]} {r[1]}" for r in SEED_ROUTES])
 async def test_every_seed_route_sends_its_verb_and_body_and_answers_the_shards_line(
-        scripted, door_to, scoped, method, path, body, fields, verb, line):  # noqa: F811
+        scripted, door_to, scoped, method, path, body, fields, verb):  # noqa: F811
     answer = {"kind": f"{verb}.ok", "said": "verbatim"}
     scripted.answer = lambda sent: answer
     url = f"/shards/{scripted.shard}{path}" if scoped else path
@@ -99,13 +99,13 @@ async def test_every_seed_route_sends_its_verb_and_body_and_answers_the_shards_l
     assert {k: v for k, v in sent[0].items() if k not in ("kind", "reqId")} == fields
     # reqId is fresh on every call, a retry included; idempotencyKey is one of the body's fields.
     assert sent[0]["reqId"] != sent[1]["reqId"]
-    # The body is the shard's line itself, t and reqId included (S004:1049).
+    # The body is the shard's line itself, t and reqId included (docs/web.md, "Routes and verbs").
     assert first.json() == {"t": 1733000000001, **answer, "reqId": sent[0]["reqId"]}
     assert second.json()["reqId"] == sent[1]["reqId"]
 
 
 @pytest.mark.parametrize(("verb", "answer", "status", "line"), STATUS_ROWS,
-                         ids=[f"S004:{row[3]} {row[0]} {row[1]['kind']}" for row in STATUS_ROWS])
+                         ids=[f"{row[0]} {row[1]['kind']} {row[2]}" for row in STATUS_ROWS])
 async def test_every_answer_the_seed_pins_has_its_status_over_http(scripted, door_to, verb, answer,  # noqa: F811
                                                                     status, line):
     scripted.answer = lambda sent: answer
@@ -119,7 +119,7 @@ async def test_every_answer_the_seed_pins_has_its_status_over_http(scripted, doo
 
 
 async def test_no_shard_connected_is_503_in_the_seeds_words(door, unique):
-    # S004:1054-1057.
+    # docs/web.md, "Statuses and the door's own answers".
     async with door.client() as client:
         response = await client.post(f"/shards/absent{unique}/lease", json={"key": "PlayerCaps.SkillCap"})
     assert response.status_code == 503
@@ -127,7 +127,7 @@ async def test_no_shard_connected_is_503_in_the_seeds_words(door, unique):
 
 
 async def test_a_shard_that_does_not_reply_in_time_is_504_in_the_seeds_words(start_gateway, start_door, unique):
-    # S004:1058-1061: the gateway's own timeout, passed on.
+    # The gateway's own timeout, passed on (docs/web.md, "Statuses and the door's own answers").
     running = await start_gateway(command_timeout_s=0.3)
     silent = ScriptedShard(f"q{unique}")
     await silent.connect(running.port)
@@ -145,7 +145,7 @@ async def test_a_shard_that_does_not_reply_in_time_is_504_in_the_seeds_words(sta
 
 @pytest.mark.parametrize("raw", [b"[1,2]", b'"text"', b"42", b"true"])
 async def test_a_body_that_is_not_an_object_is_400_and_reaches_no_shard(scripted, door_to, raw):  # noqa: F811
-    # S004:1113-1121.
+    # docs/web.md, "Body rules".
     async with door_to.client() as client:
         response = await client.post("/lease", content=raw, headers={"Content-Type": "application/json"})
     assert response.status_code == 400
@@ -173,7 +173,7 @@ async def test_a_body_that_cannot_be_passed_on_is_400_naming_why_and_reaches_no_
 
 @pytest.mark.parametrize("raw", [b"", b"null"])
 async def test_an_empty_or_null_body_is_an_empty_object(scripted, door_to, raw):  # noqa: F811
-    # S004:1115: Value::Null => an empty map.
+    # docs/web.md, "Body rules": an empty or null body is {}.
     scripted.answer = lambda sent: {"kind": "world.save.ok", "started": True}
     async with door_to.client() as client:
         response = await client.post("/world/save", content=raw)
@@ -184,7 +184,7 @@ async def test_an_empty_or_null_body_is_an_empty_object(scripted, door_to, raw):
 
 @pytest.mark.parametrize("raw", [b"[1,2]", b'"text"', b"7", b""])
 async def test_a_path_route_reads_a_body_that_is_not_an_object_as_empty(scripted, door_to, raw):  # noqa: F811
-    # S004:1216-1219, 1276-1279: `_ => serde_json::Map::new()`, then runId from the path.
+    # docs/web.md, "Body rules": a path route reads anything but an object as {}, then runId from the path.
     scripted.answer = lambda sent: {"kind": "world.despawn.ok"}
     async with door_to.client() as client:
         response = await client.post("/world/42/despawn", content=raw)
@@ -203,7 +203,7 @@ async def test_the_run_id_of_the_path_wins_over_the_body(scripted, door_to):  # 
 
 
 async def test_a_caller_expecting_another_protocol_gets_409(scripted, door_to):  # noqa: F811
-    # S004:959-964: the version gate is 409 and nothing else's.
+    # The version gate is 409 and nothing else's (docs/web.md, "Statuses and the door's own answers").
     scripted.answer = lambda sent: {"kind": "lease.list.ok"}
     async with door_to.client() as client:
         response = await client.get("/lease", headers={"Shard-Protocol": "6"})
@@ -257,8 +257,8 @@ async def test_the_operator_token_may_do_what_the_website_may(scripted, door_to)
 
 
 async def test_the_guild_board_is_the_sidecars_array_with_rosters(gateway, shard_sims, start_door, unique):
-    # GET /guilds (S004:610-631): every guild's snapshot, the roster folded in as `roster`; a guild
-    # without a roster has no `roster` key (S004:884-904).
+    # GET /guilds (docs/web.md, "Boards"): every guild's snapshot, the roster folded in as `roster`; a
+    # guild without a roster has no `roster` key.
     sim = await shard_sims(gateway, f"g{unique}")
     await sim.send("guild.update", id=7, name="The Cartographers", abbr="MAP", members=2, online=1)
     await sim.send("guild.roster", id=7, seq=0, more=False,

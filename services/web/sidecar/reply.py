@@ -3,9 +3,10 @@ Pure.
 
 The gateway already maps a shard's answer to a status per plane (services/gateway's
 reply_mapping, the seed's ``respond_*``); the door passes that status on and, as the sidecar
-does, answers with the shard's line itself as the body (S004:1049, ``(code, Json(value))``).
-What the sidecar answers by itself is quoted: no shard is ``{"error": "shard not connected"}``
-(S004:1054-1057), no answer in time ``{"error": "shard did not reply in time"}`` (S004:1058-1061).
+does, answers with the shard's line itself as the body (docs/web.md, "Routes and verbs").
+What the sidecar answers by itself is quoted: no shard is ``{"error": "shard not connected"}``,
+no answer in time ``{"error": "shard did not reply in time"}`` (docs/web.md, "Statuses and the
+door's own answers").
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from services.web.relay import STATUS_MAX
 from shared.contracts import gateway
 
 NOT_CONNECTED: dict[str, str] = {"error": "shard not connected"}
-"""The sidecar's 503 body (S004:1054-1057): no gateway holds the shard, or it left mid-command."""
+"""The sidecar's 503 body: no gateway holds the shard, or it left mid-command (docs/web.md, "Statuses")."""
 
 NO_REPLY: dict[str, str] = {"error": "shard did not reply in time"}
-"""The sidecar's 504 body (S004:1058-1061)."""
+"""The sidecar's 504 body: the shard did not answer in time (docs/web.md, "Statuses")."""
 
 
 def _contract_broken(what: str, exc: ValidationError) -> tuple[int, dict[str, str]]:
@@ -55,7 +56,7 @@ def command_answer(reply: dict[str, Any]) -> tuple[int, Any]:
 
 def board_answer(reply: dict[str, Any]) -> tuple[int, Any]:
     """A board read's ``{"status": 200, "items": [...]}`` (the contract's :class:`BoardReply`) as
-    the sidecar's bare array (``GET /guilds`` answers the list itself, S004:610-631); an error as
+    the sidecar's bare array (``GET /guilds`` answers the list itself, docs/web.md, "Boards"); an error as
     ``{"error"}``."""
     try:
         parsed = gateway.BoardReply.model_validate(reply)

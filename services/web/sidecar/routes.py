@@ -1,9 +1,10 @@
-"""The seed sidecar's HTTP API (S004:908-951), drop-in: every route with its method, body and
-statuses, forwarded as a command to ``shard.<shard>.cmd.<verb>`` or a board read.
+"""The seed sidecar's HTTP API, drop-in (docs/web.md, "The sidecar's API, drop-in"): every route
+with its method, body and statuses, forwarded as a command to ``shard.<shard>.cmd.<verb>`` or a
+board read.
 
 Each route is served twice: under ``/shards/{shard}/…`` for any shard, and at the sidecar's
 bare path for the default shard (``SHARDBUS_WEB_DEFAULT_SHARD``), so a website written for the
-sidecar changes only its base URL. Body rules are the seed's (S004:1112-1128, 1210-1288): a
+sidecar changes only its base URL. Body rules are the seed's (docs/web.md, "Body rules"): a
 plain route takes a JSON object (``null`` or empty = ``{}``; anything else 400 ``body must be a
 JSON object``); a route with a path id puts it in the body (``runId``, ``id``), the path
 winning, and reads a body that is not an object as ``{}``. ``reqId`` is the gateway's, fresh
@@ -42,58 +43,57 @@ PATH_ID_MAX = 256
 @dataclass(frozen=True)
 class Route:
     """One sidecar route: ``path_id`` names the body field its path id fills; ``query`` the
-    query parameters copied into the body (``GET /lease?key=&target=``, S004:1141-1171)."""
+    query parameters copied into the body (``GET /lease?key=&target=``, docs/web.md, "Body rules")."""
 
     method: str
     path: str
     verb: str
-    seed_line: int
     path_id: str | None = None
     query: tuple[str, ...] = ()
     example: dict[str, Any] | None = None
 
 
 ROUTES: tuple[Route, ...] = (
-    Route("POST", "/admin/ban", "admin.ban", 911,
+    Route("POST", "/admin/ban", "admin.ban",
           example={"actor": "gm-ada", "account": "alice", "durationSec": 3600, "reason": "spam"}),
-    Route("POST", "/admin/unban", "admin.unban", 912, example={"actor": "gm-ada", "account": "alice"}),
-    Route("POST", "/admin/broadcast", "admin.broadcast", 913,
+    Route("POST", "/admin/unban", "admin.unban", example={"actor": "gm-ada", "account": "alice"}),
+    Route("POST", "/admin/broadcast", "admin.broadcast",
           example={"actor": "gm-ada", "text": "Server restart in 5 minutes", "hue": 33}),
-    Route("GET", "/lease", "lease.list", 918, query=("key", "target")),
-    Route("POST", "/lease", "lease.apply", 918,
+    Route("GET", "/lease", "lease.list", query=("key", "target")),
+    Route("POST", "/lease", "lease.apply",
           example={"key": "PlayerCaps.SkillCap", "value": "1300", "holdMs": 600000,
                    "untilMs": 1733000600000, "runId": "42", "idempotencyKey": "run42:step3"}),
-    Route("POST", "/lease/release", "lease.release", 919,
+    Route("POST", "/lease/release", "lease.release",
           example={"key": "PlayerCaps.SkillCap", "expected": "1300", "baseline": "1200",
                    "idempotencyKey": "run42:teardown:lease"}),
-    Route("POST", "/participation", "participation.open", 924,
+    Route("POST", "/participation", "participation.open",
           example={"runId": "42", "map": "Felucca", "x": 1400, "y": 1600, "radius": 30, "holdMs": 3600000}),
-    Route("POST", "/participation/{run_id}/snapshot", "participation.snapshot", 926, path_id="runId",
+    Route("POST", "/participation/{run_id}/snapshot", "participation.snapshot", path_id="runId",
           example={"idempotencyKey": "run42:snapshot"}),
-    Route("POST", "/participation/{run_id}/close", "participation.close", 929, path_id="runId",
+    Route("POST", "/participation/{run_id}/close", "participation.close", path_id="runId",
           example={"idempotencyKey": "run42:close"}),
-    Route("POST", "/world", "world.spawn", 936,
+    Route("POST", "/world", "world.spawn",
           example={"runId": "42", "what": "creature", "map": "Felucca", "x": 1400, "y": 1600}),
-    Route("POST", "/world/save", "world.save", 948, example={"idempotencyKey": "run42:save"}),
-    Route("GET", "/world/{run_id}", "world.owned", 937, path_id="runId"),
-    Route("POST", "/world/{run_id}/despawn", "world.despawn", 938, path_id="runId",
+    Route("POST", "/world/save", "world.save", example={"idempotencyKey": "run42:save"}),
+    Route("GET", "/world/{run_id}", "world.owned", path_id="runId"),
+    Route("POST", "/world/{run_id}/despawn", "world.despawn", path_id="runId",
           example={"serials": ["0x40000001"], "idempotencyKey": "run42:teardown"}),
-    Route("GET", "/items", "item.catalog", 946),
-    Route("POST", "/items/grant", "item.grant", 947,
+    Route("GET", "/items", "item.catalog"),
+    Route("POST", "/items/grant", "item.grant",
           example={"runId": "42", "item": "gold", "amount": 500, "idempotencyKey": "run42:grant"}),
-    Route("GET", "/pages", "pages.list", 950),
-    Route("POST", "/pages/{page_id}/respond", "pages.respond", 951, path_id="id",
+    Route("GET", "/pages", "pages.list"),
+    Route("POST", "/pages/{page_id}/respond", "pages.respond", path_id="id",
           example={"text": "freed you"}),
-    # The account plane (S004:1065-1079): the seed names the verbs' plane, not these paths.
-    Route("POST", "/account/create", "account.create", 1065, example={"account": "carol"}),
-    Route("POST", "/account/link", "account.link", 1065, example={"account": "carol", "userId": "u-17"}),
-    Route("POST", "/account/unlink", "account.unlink", 1079, example={"account": "carol"}),
+    # The account plane: the seed names its verbs, not these paths (docs/web.md, "Routes and verbs").
+    Route("POST", "/account/create", "account.create", example={"account": "carol"}),
+    Route("POST", "/account/link", "account.link", example={"account": "carol", "userId": "u-17"}),
+    Route("POST", "/account/unlink", "account.unlink", example={"account": "carol"}),
 )
-"""Every sidecar route (the seed line of its ``.route``), in the order a router must try them
+"""Every sidecar route (docs/web.md, "Routes and verbs"), in the order a router must try them
 (``/world/save`` before ``/world/{run_id}``)."""
 
 BOARDS: tuple[str, ...] = ("guilds", "market", "houses", "champions", "news", "ruleset", "points")
-"""``GET /<board>``: the sidecar's boards (S004:507, 610) and shardbus's houses, champions, news."""
+"""``GET /<board>``: the sidecar's boards and shardbus's houses, champions, news (docs/web.md, "Boards")."""
 
 
 class BodyError(Exception):
@@ -225,7 +225,7 @@ def register(router: APIRouter) -> Table:
                     "schema": {"type": "object"}, "example": route.example or {}}}}}
             endpoint = _endpoint(route, scoped)
             router.add_api_route(prefix + route.path, endpoint, methods=[route.method],
-                                 tags=[tag], summary=f"{route.verb} (S004:{route.seed_line})",
+                                 tags=[tag], summary=f"Send the shard the {route.verb} command",
                                  openapi_extra=extra, response_class=JSONResponse)
             table.add(route.method, prefix + route.path, router.routes[-1], endpoint)
         for board in BOARDS:
