@@ -1,7 +1,9 @@
 """The one place shardbus goes beneath nats-py's public API (docs/adr/0007 and 0009 say why,
 with the measurements): the gateway writes its frames' HPUB commands itself and drops what
 nats-py holds for a dead connection; the gateway and the ledger set up ``publish_async``'s
-reply subscription before their first publish; the stop replaces a connection's ``drain``.
+reply subscription before their first publish; the stop replaces a connection's ``drain``; the
+web door's request mux has its replies dispatched from nats-py's read loop itself
+(services/web/mux.py).
 
 nats-py is pinned exactly in pyproject.toml. :func:`incompatibilities` names each attribute
 used here that a release lacks or has changed; ``tests/shared/test_library_fences.py`` fails on
@@ -15,6 +17,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
 PINNED = "2.16.0"
@@ -61,8 +65,35 @@ def replace_drain(nc: Client, drain: Callable[[], Coroutine[Any, Any, None]]) ->
     nc.drain = drain  # type: ignore[method-assign]
 
 
+class _ReadLoopDispatch:
+    """What nats-py takes for a subscription's ``future``: it calls ``set_result`` with each
+    message, in its read loop, unless ``cancelled()``. This one never completes, so every message
+    goes to ``dispatch`` (``set_result`` is ``dispatch`` itself: no call in between)."""
+
+    __slots__ = ("set_result",)
+
+    def __init__(self, dispatch: Callable[[Msg], None]) -> None:
+        self.set_result = dispatch
+
+    def cancelled(self) -> bool:
+        return False
+
+    def done(self) -> bool:
+        return False
+
+
+async def subscribe_in_read_loop(nc: Client, subject: str, dispatch: Callable[[Msg], None]) -> Subscription:
+    """Subscribe to ``subject`` with ``dispatch`` called on each message in nats-py's read loop
+    itself: no subscription task, no queue, no wake-up between a message and its handling. It
+    is ``subscribe(future=…)`` (nats-py's one way to be called from its read loop, meant for one
+    reply) given a future that never completes. nats-py subscribes it again after a reconnect,
+    as any subscription. ``dispatch`` must not block: the read loop waits for it."""
+    future: Any = _ReadLoopDispatch(dispatch)
+    return await nc.subscribe(subject, future=future)
+
+
 def incompatibilities(client: type[Any] = Client, jetstream: type[Any] = JetStreamContext,
-                      installed: str | None = None) -> list[str]:
+                      installed: str | None = None, subscription: type[Any] = Subscription) -> list[str]:
     """What this file uses that the installed nats-py lacks or has changed (empty: all there)."""
     found = []
     version = installed if installed is not None else importlib.metadata.version("nats-py")
@@ -84,4 +115,17 @@ def incompatibilities(client: type[Any] = Client, jetstream: type[Any] = JetStre
         found.append("JetStreamContext._init_async_reply is not a coroutine function")
     if client is Client and not hasattr(instance.jetstream(), "_async_reply_prefix"):
         found.append("JetStreamContext()._async_reply_prefix is missing")
+    subscribe = getattr(client, "subscribe", None)
+    if not inspect.iscoroutinefunction(subscribe) or "future" not in inspect.signature(subscribe).parameters:
+        found.append("Client.subscribe takes no future")
+    process = getattr(client, "_process_msg", None)
+    if not inspect.iscoroutinefunction(process) or "_future.set_result(msg)" not in inspect.getsource(process):
+        found.append("Client._process_msg no longer hands each message to a subscription's future")
+    marker = _ReadLoopDispatch(lambda msg: None)
+    try:
+        kept = subscription(None, future=marker)._future is marker
+    except TypeError:
+        kept = False
+    if not kept:
+        found.append("Subscription(conn, future=…)._future is not the future given")
     return found

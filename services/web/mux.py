@@ -3,10 +3,10 @@ reply handed to its caller by token.
 
 nats-py's own request does the same (its "new style"), but its replies go through the
 subscription's task and ``asyncio.wait_for``: two more wake-ups per call, and a random token
-read from the OS. Here the subscription is given a *future* (nats-py's one public way to be
-called from its read loop itself, meant for one reply) that never completes: each reply is
-dispatched to its caller's future there and then. nats-py subscribes it again after a
-reconnect, as any subscription.
+read from the OS. Here each reply is dispatched to its caller's future from nats-py's read loop
+itself, there and then: :func:`shared.natspy_internals.subscribe_in_read_loop`, nats-py's
+``subscribe`` given a ``future`` that never completes (the fence says how). nats-py
+subscribes it again after a reconnect, as any subscription.
 """
 
 from __future__ import annotations
@@ -14,32 +14,27 @@ from __future__ import annotations
 import asyncio
 import itertools
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import nats.errors
 from nats.aio.client import NO_RESPONDERS_STATUS, Client
 from nats.aio.msg import Msg
 
+from shared.natspy_internals import subscribe_in_read_loop
+
 _muxes: weakref.WeakKeyDictionary[Client, RequestMux] = weakref.WeakKeyDictionary()
 
 
-class _Dispatch:
-    """What nats-py takes for the subscription's future: it calls ``set_result`` with each
-    message, in its read loop."""
+def _dispatcher(waiting: dict[str, asyncio.Future[Msg]], prefix_len: int) -> Callable[[Msg], None]:
+    """What nats-py's read loop calls with each reply: the reply to its caller's future."""
 
-    def __init__(self, waiting: dict[str, asyncio.Future[Msg]], prefix_len: int) -> None:
-        self.waiting, self.prefix_len = waiting, prefix_len
-
-    def cancelled(self) -> bool:
-        return False
-
-    def done(self) -> bool:
-        return False
-
-    def set_result(self, msg: Msg) -> None:
-        future = self.waiting.get(msg.subject[self.prefix_len:])
+    def dispatch(msg: Msg) -> None:
+        future = waiting.get(msg.subject[prefix_len:])
         if future is not None and not future.done():
             future.set_result(msg)
+
+    return dispatch
 
 
 class RequestMux:
@@ -57,8 +52,8 @@ class RequestMux:
         """The reply; nats.errors.TimeoutError after ``timeout``, NoRespondersError when NATS
         says nobody listens, nats-py's own errors when it cannot publish."""
         if self._subscribed is None:
-            dispatch: Any = _Dispatch(self.waiting, len(self.prefix))
-            self._subscribed = asyncio.ensure_future(self.nc.subscribe(self.prefix + "*", future=dispatch))
+            dispatch = _dispatcher(self.waiting, len(self.prefix))
+            self._subscribed = asyncio.ensure_future(subscribe_in_read_loop(self.nc, self.prefix + "*", dispatch))
         try:
             await asyncio.shield(self._subscribed)  # one caller's cancellation is not the others'
         except Exception:

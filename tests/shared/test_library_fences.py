@@ -11,6 +11,8 @@ import re
 import tomllib
 from pathlib import Path
 
+import nats
+
 from shared import asyncio_internals, faststream_internals, natspy_internals
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +25,7 @@ FENCES = {"shared/natspy_internals.py", "shared/faststream_internals.py", "share
 
 NOT_YET = ("services/web/",)
 """Folders whose library internals are still to be moved behind a fence (issue 40, item 2:
-uvicorn's protocol and the web door's request mux)."""
+uvicorn's protocol)."""
 
 
 def test_the_installed_nats_py_has_what_the_fence_uses() -> None:
@@ -49,6 +51,10 @@ def test_a_release_without_what_a_fence_uses_is_named() -> None:
     assert "Client()._pending is not a list" in found
     assert "Client()._disconnected_cb is missing" in found
     assert "JetStreamContext._init_async_reply is not a coroutine function" in found
+    assert "Client.subscribe takes no future" in found
+    assert "Client._process_msg no longer hands each message to a subscription's future" in found
+    assert "Subscription(conn, future=…)._future is not the future given" in natspy_internals.incompatibilities(
+        subscription=Bare)
     assert faststream_internals.incompatibilities(broker=Bare, installed="0.8.0") == [
         "faststream 0.8.0 is installed; this file was checked against 0.7.8", "NatsBroker()._connection is missing"]
 
@@ -66,6 +72,20 @@ async def test_the_gateway_takes_over_a_readers_bytes_through_the_fence() -> Non
     reader.feed_eof()
     assert await reader.readline() == b'{"kind":"server.hello"}\n'
     assert asyncio_internals.unread_and_eof(reader) == (b'{"kind":"x"}\npartial', True)
+
+
+async def test_a_subscription_dispatched_in_the_read_loop_gets_every_message(nc: nats.NATS) -> None:
+    got: list[tuple[str, bytes]] = []
+    sub = await natspy_internals.subscribe_in_read_loop(nc, "fence.dispatch.*",
+                                                        lambda msg: got.append((msg.subject, msg.data)))
+    for n in range(3):  # the future never completes: every message, not only the first
+        await nc.publish(f"fence.dispatch.{n}", b"%d" % n)
+    await nc.flush()
+    async with asyncio.timeout(5):
+        while len(got) < 3:
+            await asyncio.sleep(0.01)
+    assert got == [(f"fence.dispatch.{n}", b"%d" % n) for n in range(3)]
+    await sub.unsubscribe()
 
 
 def test_no_private_attribute_of_a_fenced_library_is_used_outside_its_fence() -> None:
