@@ -17,6 +17,7 @@ from services.web import metrics
 from services.web.http_app import PROTOCOL_VERSION, build_http_app
 from services.web.http_wire import DoorHttp
 from services.web.settings import WebSettings
+from services.web.uvicorn_internals import QuietServer, ask_to_stop
 from shared.broker import add_health, make_app, make_broker
 from shared.metrics import serve_metrics
 
@@ -27,14 +28,6 @@ LOOP_FACTORY = uvloop.new_event_loop
 
 STOP_GRACE_S = 4.0
 """How long open HTTP requests and feeds get to finish when the door stops."""
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: ``shardbus run`` owns SIGTERM and SIGINT."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Any:
-        yield
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -82,19 +75,19 @@ def create_app(settings: WebSettings | None = None) -> FastStream:
                                 # Feed events are small JSON: compressing each one cost a third of
                                 # the feed's CPU for little (bench/web_feed.py, docs/performance.md).
                                 ws_per_message_deflate=False)
-        server = _Server(config)
+        server = QuietServer(config)
         state["server"] = server
         state["task"] = asyncio.create_task(server.serve(sockets=[sock]))
         log.info("web door listening", extra={"url": state["url"], "protocol": PROTOCOL_VERSION})
 
     @app.on_shutdown
     async def stop_http() -> None:
-        server: _Server | None = state.get("server")
+        server: QuietServer | None = state.get("server")
         if server is None:
             return
         if (hub := getattr(http.state, "feed", None)) is not None:
             hub.stop()  # feeds end first, with a reason (WebSocket 1001, SSE "dropped"): not cut at the grace's end
-        server.should_exit = True
+        ask_to_stop(server)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(state["task"], STOP_GRACE_S + 2)
 

@@ -5,6 +5,8 @@ uvicorn writes a response's head and its body separately, and the door's sockets
 TCP_NODELAY (app.py), so every response cost two sends on the door and two packets, often two
 wake-ups, on the client; a WebSocket feed client's batch of events cost a send each
 (profiled: docs/performance.md, "Web door"). The bytes on the wire are the same.
+
+uvicorn's protocol class is reached through its fence, services/web/uvicorn_internals.py.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from services.web import uvicorn_internals
 
 
 class CoalescingTransport:
@@ -59,9 +61,6 @@ class CoalescingTransport:
         return getattr(self._transport, name)
 
 
-class DoorHttp(HttpToolsProtocol):
-    """uvicorn's httptools protocol on a :class:`CoalescingTransport` (a WebSocket upgrade
-    keeps it: uvicorn hands the same transport on)."""
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+DoorHttp = uvicorn_internals.http_protocol(CoalescingTransport)
+"""uvicorn's httptools protocol on a :class:`CoalescingTransport` (a WebSocket upgrade keeps it:
+uvicorn hands the same transport on)."""

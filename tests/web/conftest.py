@@ -15,10 +15,11 @@ import nats
 import pytest
 import uvicorn
 
-from services.web.app import _Server, listen_socket
+from services.web.app import listen_socket
 from services.web.http_app import build_http_app
 from services.web.http_wire import DoorHttp
 from services.web.settings import WebSettings
+from services.web.uvicorn_internals import QuietServer, ask_to_stop
 from tests.gateway.conftest import gateway, shard_sims, start_gateway  # noqa: F401 — fixtures
 
 WEBSITE_TOKEN = "web-test-website-token-4821"
@@ -50,7 +51,7 @@ StartDoor = Callable[..., Awaitable[RunningDoor]]
 @pytest.fixture
 async def start_door(nats_url: str) -> AsyncIterator[StartDoor]:
     """Start in-process doors with settings overrides; all are stopped after the test."""
-    started: list[tuple[_Server, asyncio.Task[None], nats.NATS]] = []
+    started: list[tuple[QuietServer, asyncio.Task[None], nats.NATS]] = []
 
     async def start(**overrides: Any) -> RunningDoor:
         values: dict[str, Any] = {"nats_url": nats_url, "web_port": 0, "web_token": WEBSITE_TOKEN,
@@ -62,7 +63,7 @@ async def start_door(nats_url: str) -> AsyncIterator[StartDoor]:
         app = build_http_app(settings, nc)
         sock = listen_socket("127.0.0.1", 0)
         port = sock.getsockname()[1]
-        server = _Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", http=DoorHttp,
+        server = QuietServer(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", http=DoorHttp,
                                         timeout_graceful_shutdown=2))
         task = asyncio.create_task(server.serve(sockets=[sock]))
         started.append((server, task, nc))
@@ -73,7 +74,7 @@ async def start_door(nats_url: str) -> AsyncIterator[StartDoor]:
 
     yield start
     for server, task, nc in started:
-        server.should_exit = True
+        ask_to_stop(server)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, 10)
         await nc.close()
