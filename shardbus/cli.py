@@ -9,7 +9,7 @@ environment win.
 An outage is a sentence, never a traceback: a command that cannot reach NATS or the database
 says so (without the URL's password) and exits 1; one whose NATS connection is lost while it
 waits for an answer says that at once instead of waiting out its timeout
-(``shardbus/nats_for_commands.py``). ``shardbus run`` ends within
+(``shared/nats_calls.py``). ``shardbus run`` ends within
 ``shardbus.process_stop.STOP_TIMEOUT_S`` of SIGTERM or Ctrl-C, whatever NATS does meanwhile.
 """
 

@@ -154,9 +154,9 @@ async def gather(nats_url: str, wait_s: float = DEFAULT_WAIT_S) -> dict[str, Any
     itself cannot be reached; every other failure lands in ``errors``."""
     import nats
 
-    from shardbus.nats_for_commands import quiet
     from shared import subjects
     from shared.logs import redact
+    from shared.nats_calls import quiet
     from shared.nats_connect import connection_name, inbox_prefix
     from shared.scatter_gather import scatter_gather
 
@@ -321,7 +321,7 @@ def nats_address(nats_url: str, stack: Any) -> tuple[str, str]:
 def _cmd_status(args: argparse.Namespace) -> int:
     import nats.errors
 
-    from shardbus.nats_for_commands import nats_failure
+    from shared.nats_calls import nats_failure
 
     try:
         url, source = nats_address(args.nats_url, getattr(args, "stack_env", None))

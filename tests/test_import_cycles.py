@@ -8,7 +8,12 @@ imported); so are the modules ``shardbus/registry.py`` names, which ``shardbus.c
 service's app and commands) and ``shardbus.settings_catalog`` (its settings) load with
 ``importlib`` — ``services.cleanup.commands`` took ``quiet`` from ``shardbus.cli``, which loads it.
 
-``python -m tests.test_import_cycles`` prints the circles it finds.
+Nor do the arrows run upward: no module under ``services/`` or ``shared/`` imports the command-line
+package ``shardbus/`` (docs/architecture.md, "Layout": services meet on subjects, and what they
+share is in ``shared/``). The CLI loads each service's ``commands.py``; a ``commands.py`` that took
+its NATS helpers back from ``shardbus/`` made the one arrow from a service up to the CLI (ADR 0010).
+
+``python -m tests.test_import_cycles`` prints the circles, and the upward imports, it finds.
 """
 
 from __future__ import annotations
@@ -21,6 +26,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PACKAGES = ("shardbus", "shared", "services", "simulator", "tests")
 """The project's packages (pyproject.toml, ``[tool.setuptools.packages.find]``) and its tests."""
+
+BELOW_THE_CLI = ("services", "shared")
+"""The packages that never import :data:`CLI` (nor, through the rules above, each other upward)."""
+
+CLI = "shardbus"
+"""The command-line package: it imports the services (their apps and commands), never the reverse."""
 
 REGISTRY_LOADERS = {"shardbus.cli": ("app", "commands"), "shardbus.settings_catalog": ("settings",)}
 """Which modules import which of each registry entry's code (``shardbus.registry.Service``)."""
@@ -132,6 +143,13 @@ def describe(groups: list[set[str]], graph: dict[str, set[str]]) -> str:
                      for group in groups for module in sorted(group))
 
 
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every ``module -> imported`` arrow from a module of :data:`BELOW_THE_CLI` to one of :data:`CLI`."""
+    return sorted(f"{module} -> {target}" for module, targets in graph.items()
+                  if module.partition(".")[0] in BELOW_THE_CLI
+                  for target in targets if target.partition(".")[0] == CLI)
+
+
 def test_the_check_sees_a_circle_and_its_absence(tmp_path):
     """The check itself: a circle of three modules (module-level, in-function and relative
     imports) is found, one broken link clears it."""
@@ -155,8 +173,33 @@ def test_no_module_of_the_project_is_in_an_import_circle():
     assert not groups, "import circles (put what both sides need in a module of its own):\n" + describe(groups, graph)
 
 
+def test_the_check_sees_a_service_importing_the_command_line_package(tmp_path):
+    """The check itself: an import of ``shardbus`` inside a function of a service, or at module
+    level in ``shared``, is found; the CLI importing a service is not."""
+    for package in ("shardbus", "services", "services/cleanup", "shared"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "shardbus" / "helpers.py").write_text("X = 1\n")
+    (tmp_path / "shardbus" / "cli.py").write_text("from services.cleanup import commands\n")
+    (tmp_path / "services" / "cleanup" / "commands.py").write_text("def f():\n    from shardbus.helpers import X\n")
+    (tmp_path / "shared" / "calls.py").write_text("import shardbus.helpers\n")
+    assert upward_imports(import_graph(tmp_path)) == ["services.cleanup.commands -> shardbus.helpers",
+                                                      "shared.calls -> shardbus.helpers"]
+    (tmp_path / "services" / "cleanup" / "commands.py").write_text("X = 1\n")
+    (tmp_path / "shared" / "calls.py").write_text("X = 1\n")
+    assert upward_imports(import_graph(tmp_path)) == []
+
+
+def test_no_service_and_nothing_shared_imports_the_command_line_package():
+    arrows = upward_imports(import_graph())
+    assert not arrows, ("imports of the command-line package from below it (put what both need in shared/):\n"
+                        + "\n".join(arrows))
+
+
 if __name__ == "__main__":
     graph = import_graph()
     groups = circle_groups(graph)
+    arrows = upward_imports(graph)
     print(describe(groups, graph) if groups else "no import circle")
-    sys.exit(1 if groups else 0)
+    print("\n".join(arrows) if arrows else "no import of shardbus from services/ or shared/")
+    sys.exit(1 if groups or arrows else 0)

@@ -19,7 +19,7 @@ ASK_TIMEOUT_S = 600.0
 async def _ask(subject: str, payload: dict[str, Any]) -> dict[str, Any]:
     import nats
 
-    from shardbus.nats_for_commands import ClosedWatch, quiet, request_while_connected
+    from shared.nats_calls import ClosedWatch, quiet, request_while_connected
     from shared.nats_connect import connection_name, inbox_prefix
     from shared.settings import CommonSettings
 
@@ -48,13 +48,11 @@ async def _ask(subject: str, payload: dict[str, Any]) -> dict[str, Any]:
 
 def _cmd_cleanup(args: argparse.Namespace) -> int:
     import nats.errors
-    from nats.errors import NoRespondersError
-    from nats.errors import TimeoutError as NatsTimeoutError
     from pydantic import BaseModel, ValidationError
 
-    from shardbus.nats_for_commands import NatsAway, nats_failure
     from shared import subjects
     from shared.contracts.cleanup import ReconcileRequest, RetryRequest, SweepRequest
+    from shared.nats_calls import NatsAway, NoAnswer, NoResponders, nats_failure
     from shared.replies import describe_validation_error
     from shared.settings import CommonSettings
 
@@ -79,10 +77,10 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
     payload = request.model_dump(mode="json", by_alias=True, exclude_none=True)
     try:
         reply = asyncio.run(_ask(subject, payload))
-    except NoRespondersError:
+    except NoResponders:
         print("no cleanup service is running", file=sys.stderr)
         return 1
-    except NatsTimeoutError:
+    except NoAnswer:
         print(f"the cleanup service did not answer within {ASK_TIMEOUT_S:g} s", file=sys.stderr)
         return 1
     except NatsAway as exc:

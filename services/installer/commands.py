@@ -90,7 +90,7 @@ async def _ask_installer(args: argparse.Namespace, request: c.InstallerRequest) 
     could not be reached at all (said on stderr)."""
     import nats.errors
 
-    from shardbus.nats_for_commands import ClosedWatch, nats_failure, quiet
+    from shared.nats_calls import ClosedWatch, nats_failure, quiet
 
     servers = CommonSettings().nats_servers()
     watch = ClosedWatch()
@@ -116,9 +116,7 @@ async def _ask_installer(args: argparse.Namespace, request: c.InstallerRequest) 
 
 
 async def _call(nc: Any, watch: Any, subject: str, request: c.InstallerRequest, timeout: float) -> dict[str, Any]:
-    from nats.errors import NoRespondersError
-
-    from shardbus.nats_for_commands import NatsAway, request_while_connected
+    from shared.nats_calls import NatsAway, NoAnswer, NoResponders, request_while_connected
 
     try:
         message = await request_while_connected(
@@ -127,11 +125,12 @@ async def _call(nc: Any, watch: Any, subject: str, request: c.InstallerRequest, 
                  "see `shardbus module list`")
     except NatsAway as exc:
         return _refused(HTTPStatus.SERVICE_UNAVAILABLE, str(exc))
-    except NoRespondersError:
+    except NoResponders:
         return _refused(HTTPStatus.SERVICE_UNAVAILABLE, f"no installer is running (nobody answers {subject})")
     except Exception as exc:  # noqa: BLE001 — mostly a timeout: whatever it is, said as a reply would say it
+        said = exc.__cause__ if isinstance(exc, NoAnswer) else exc  # a timeout by nats-py's name for it
         return _refused(HTTPStatus.SERVICE_UNAVAILABLE,
-                        f"no answer from the installer on {subject} ({type(exc).__name__})")
+                        f"no answer from the installer on {subject} ({type(said).__name__})")
     try:
         reply = json.loads(message.data)
     except ValueError:
