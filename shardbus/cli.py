@@ -21,7 +21,6 @@ import importlib
 import logging
 import signal
 import sys
-from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -90,18 +89,16 @@ def _nats_error(exc: BaseException, *, away_only: bool = False) -> bool:
     """Whether ``exc`` (every one, for a group) is nats-py's; with ``away_only``, one saying NATS
     or its JetStream is away (unreachable, closed, not answering) rather than refusing."""
     import nats.errors
-    import nats.js.errors
+
+    from shared.nats_calls import HELD_UP, is_away
 
     if isinstance(exc, BaseExceptionGroup):
         return all(_nats_error(e, away_only=away_only) for e in exc.exceptions)
-    if not away_only:
-        return isinstance(exc, nats.errors.Error)
-    if isinstance(exc, nats.js.errors.APIError) and not isinstance(exc, nats.js.errors.ServiceUnavailableError):
-        return exc.code == HTTPStatus.SERVICE_UNAVAILABLE
-    return isinstance(exc, (nats.errors.NoServersError, nats.errors.ConnectionClosedError,
-                            nats.errors.StaleConnectionError, nats.errors.NoRespondersError,
-                            nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError,
-                            nats.js.errors.NoStreamResponseError))  # not OSError: a database's too
+    if not isinstance(exc, nats.errors.Error):  # not OSError: a database's too
+        return False
+    # A connection draining or reconnecting with its buffer full (HELD_UP) has never counted as
+    # away here: such an end stays the traceback it always was (ADR 0010).
+    return not away_only or (is_away(exc) and not isinstance(exc, HELD_UP))
 
 
 def _database_outage(exc: BaseException) -> bool:

@@ -25,9 +25,10 @@ from typing import Any
 
 from services.cleanup import classify
 from services.cleanup.classify import Outcome, Verdict
-from services.cleanup.port import NoAnswer, NoResponder, Port
+from services.cleanup.port import Port
 from shared import subjects
 from shared.contracts.ids import is_shard_id
+from shared.nats_calls import NatsAway, NoAnswer, NoResponders
 
 WORLD_KINDS = frozenset({"creature", "boss", "npc", "gate", "decor"})
 """Resource kinds that are world objects (what ``world.spawn`` makes): despawned."""
@@ -138,9 +139,9 @@ async def despawn(port: Port, command: Despawn, timeout_s: float) -> dict[str, O
     for every serial)."""
     try:
         reply = await port.request(command.subject, command.payload, timeout_s)
-    except NoResponder:
+    except NoResponders:
         return dict.fromkeys(command.serials, command.nobody)
-    except NoAnswer:
+    except (NoAnswer, NatsAway):  # NATS away: a kind of no answer
         return dict.fromkeys(command.serials, classify.no_answer("world.despawn", timeout_s))
     return classify.despawn_answers(reply, command.serials)
 
@@ -206,9 +207,9 @@ async def send(port: Port, command: Command, timeout_s: float) -> Outcome:
     """Send ``command`` and classify whatever comes back (never raises for an answer)."""
     try:
         reply = await port.request(command.subject, command.payload, timeout_s)
-    except NoResponder:
+    except NoResponders:
         return command.nobody
-    except NoAnswer:
+    except (NoAnswer, NatsAway):  # NATS away: a kind of no answer
         return classify.no_answer(command.what, timeout_s)
     return command.read(reply)
 

@@ -14,9 +14,10 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from services.cleanup.port import NoAnswer, NoResponder, Port, Unreachable
+from services.cleanup.port import Port
 from shared import subjects
 from shared.contracts import ledger as c
+from shared.nats_calls import NatsAway, NoAnswer, NoResponders
 from shared.replies import Reply, describe_validation_error
 
 MAX_LIMIT = c.PAGE_LIMIT_MAX
@@ -56,9 +57,9 @@ class LedgerClient:
         payload = request.model_dump(mode="json", by_alias=True, exclude_none=True)
         try:
             data = await self.port.request(subject, payload, self.timeout_s)
-        except NoResponder:
+        except NoResponders:
             raise LedgerError(subject, HTTPStatus.SERVICE_UNAVAILABLE, NO_LEDGER) from None
-        except Unreachable as exc:
+        except NatsAway as exc:
             why = f"NATS is unreachable ({exc.reason}); the ledger could not be asked, retry shortly"
             raise LedgerError(subject, HTTPStatus.SERVICE_UNAVAILABLE, why) from None
         except NoAnswer:

@@ -36,10 +36,11 @@ from typing import Any
 from services.cleanup import classify
 from services.cleanup.giveback import LEASE_KIND, WORLD_KINDS
 from services.cleanup.ledger_client import LedgerClient, LedgerError
-from services.cleanup.port import NoAnswer, NoResponder, Port
+from services.cleanup.port import Port
 from shared import subjects
 from shared.contracts import ledger as ledger_contract
 from shared.contracts.ids import is_shard_id
+from shared.nats_calls import NatsAway, NoAnswer, NoResponders
 
 REF_MAX = ledger_contract.REF_MAX
 """The ledger's longest ref: a serial the shard lists that is longer (or holds what PostgreSQL
@@ -182,9 +183,9 @@ class Reconciler:
             raise Unanswered(f"the run names no valid shard ({shard!r})")
         try:
             reply = await self.port.request(subjects.command(shard, verb), payload, self.timeout_s)
-        except NoResponder:
+        except NoResponders:
             raise Unanswered(classify.no_gateway(shard).reason) from None
-        except NoAnswer:
+        except (NoAnswer, NatsAway):  # NATS away: a kind of no answer
             raise Unanswered(classify.no_answer(verb, self.timeout_s).reason) from None
         if not isinstance(reply, dict) or reply.get("status") != HTTPStatus.OK:
             raise Unanswered(f"{verb} answered {classify.preview(reply)}")

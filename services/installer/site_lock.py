@@ -7,7 +7,8 @@ the holder dies, so a crashed replica cannot block the site for ever. While hold
 replica reads the modules directory and decides (409, upgrade, or install), so two
 replicas can never both decide the site is free.
 
-NATS away (stopped, restarting, JetStream without a leader) while a lock is wanted answers
+NATS away (stopped, restarting, JetStream without a leader: ``shared.nats_calls.is_away``, which
+counts no answer in time and no JetStream answering as away) while a lock is wanted answers
 503 ("try again shortly") before anything changes; while one is held, the holder keeps
 renewing until its lease runs out and checks it is still its own before swapping anything in
 (:meth:`Lease.confirm`).
@@ -26,22 +27,19 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from http import HTTPStatus
 
-import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
 from nats.js.errors import (
-    APIError,
     BadRequestError,
     BucketNotFoundError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
-    NoStreamResponseError,
     NotFoundError,
-    ServiceUnavailableError,
 )
 from nats.js.kv import KeyValue
 
 from services.installer.refusals import SITE_TAKEN, Refused
+from shared.nats_calls import is_away
 
 log = logging.getLogger("shardbus.installer.lock")
 
@@ -53,20 +51,6 @@ MAX_POLL_S = 0.1
 
 NATS_AWAY = HTTPStatus.SERVICE_UNAVAILABLE
 """A lock that cannot be taken because NATS (or its JetStream) is away: nothing changed."""
-
-
-def nats_is_away(exc: BaseException) -> bool:
-    """Whether ``exc``, raised by a key-value request, means NATS or JetStream is away rather
-    than that the request was wrong: no answer in time, the connection closed, draining or
-    reconnecting with a full buffer, no JetStream responding, JetStream's own 503."""
-    if isinstance(exc, ServiceUnavailableError):  # nobody answers the JetStream API (no JetStream)
-        return True
-    if isinstance(exc, APIError):
-        return exc.code == HTTPStatus.SERVICE_UNAVAILABLE  # "JetStream system temporarily unavailable", no meta leader
-    return isinstance(exc, (nats.errors.TimeoutError, nats.errors.NoRespondersError, NoStreamResponseError,
-                            nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError,
-                            nats.errors.ConnectionReconnectingError, nats.errors.OutboundBufferLimitError,
-                            nats.errors.StaleConnectionError, asyncio.TimeoutError, OSError))
 
 
 def _unavailable(exc: BaseException) -> Refused:
@@ -150,7 +134,7 @@ class SiteLock:
         try:
             status = await self.kv.status()
         except Exception as exc:
-            if nats_is_away(exc):
+            if is_away(exc):
                 raise _unavailable(exc) from exc
             raise
         lease_s = status.ttl or self.lease_s
@@ -168,7 +152,7 @@ class SiteLock:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, MAX_POLL_S)
             except Exception as exc:
-                if nats_is_away(exc):
+                if is_away(exc):
                     raise _unavailable(exc) from exc
                 raise
         lease = Lease(self.kv, self.key, value, revision, lease_s / RENEWALS_PER_LEASE)
