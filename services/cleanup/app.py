@@ -152,7 +152,7 @@ def create_app(settings: CleanupSettings | None = None) -> FastStream:
             async with one_sweep_at_a_time:
                 report = await sweeper().retry(request.run_id)
         except LedgerError as exc:
-            return replies.fail(exc.status, exc.error)
+            return exc.as_reply()
         return _run_reply(report)
 
     @broker.subscriber(subjects.CLEANUP_RECONCILE, queue=QUEUE, decoder=decode_body)

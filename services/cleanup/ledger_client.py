@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from services.cleanup.port import Port
 from shared import subjects
 from shared.contracts import ledger as c
+from shared.errors import ShardbusError
 from shared.nats_calls import NatsAway, NoAnswer, NoResponders
 from shared.replies import Reply, describe_validation_error
 
@@ -33,12 +34,14 @@ ReplyModel = TypeVar("ReplyModel", bound=BaseModel)
 RequestModel = TypeVar("RequestModel", bound=BaseModel)
 
 
-class LedgerError(Exception):
-    """The ledger did not do what was asked: ``status`` (503 when unreachable) and why."""
+class LedgerError(ShardbusError):
+    """The ledger did not do what was asked on ``subject``: ``status`` (503 when unreachable) and
+    ``sentence`` (why: the ledger's own error, or the cleanup's when the ledger could not say);
+    ``str()`` names the subject and the status too."""
 
-    def __init__(self, subject: str, status: int, error: str) -> None:
-        super().__init__(f"{subject}: {status} {error}")
-        self.subject, self.status, self.error = subject, status, error
+    def __init__(self, subject: str, status: int, sentence: str) -> None:
+        super().__init__(sentence, status, said=f"{subject}: {status} {sentence}")
+        self.subject = subject
 
 
 NO_LEDGER = "no ledger is running"

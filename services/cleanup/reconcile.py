@@ -40,6 +40,7 @@ from services.cleanup.port import Port
 from shared import subjects
 from shared.contracts import ledger as ledger_contract
 from shared.contracts.ids import is_shard_id
+from shared.errors import ShardbusError
 from shared.nats_calls import NatsAway, NoAnswer, NoResponders
 
 REF_MAX = ledger_contract.REF_MAX
@@ -55,8 +56,10 @@ LEASE_LIST_OK = "lease.list.ok"
 """The kind of the shard's answer to ``lease.list`` (docs/contracts.md, "Gateway command plane")."""
 
 
-class Unanswered(Exception):
-    """The shard gave no usable answer; the reason says why."""
+class Unanswered(ShardbusError):
+    """The shard gave no usable answer; the sentence says why."""
+
+    status = HTTPStatus.BAD_GATEWAY
 
 
 @dataclass

@@ -222,12 +222,12 @@ class Sweeper:
             report.cleanup_status = run.cleanup_status
         except LedgerError as exc:
             # Claimed rows stay `reverting` until the claim timeout; the next sweep recovers them.
-            report.error, report.error_status = exc.error, exc.status
+            report.error, report.error_status = exc.sentence, exc.status
             if HTTPStatus.BAD_REQUEST <= exc.status < HTTPStatus.INTERNAL_SERVER_ERROR:
                 # The ledger refused the run itself (no such run, not over yet): the asker's
                 # mistake, answered in the reply; nothing an operator must look at.
                 log.info("run not swept: the ledger refused it",
-                         extra={"runId": run_id, "status": exc.status, "reason": exc.error})
+                         extra={"runId": run_id, "status": exc.status, "reason": exc.sentence})
             else:
                 log.warning("run not swept: the ledger failed", extra={"runId": run_id, "reason": str(exc)})
         self._count(report)

@@ -27,6 +27,7 @@ from shared.contracts import installer as c
 # annotations against the locals of every frame that builds the app as well as this module's
 # globals, so a short alias (``c.InstallRequest``) could meet a caller's own ``c``.
 from shared.contracts.installer import InstallRequest, RemoveRequest
+from shared.errors import ShardbusError
 from shared.logs import redact
 from shared.metrics import serve_metrics
 from shared.nats_connect import connection_name
@@ -34,7 +35,7 @@ from shared.nats_connect import connection_name
 log = logging.getLogger("shardbus.installer")
 
 
-class BrokenContract(RuntimeError):
+class BrokenContract(ShardbusError, RuntimeError):
     """A reply or event the installer was about to send does not fit its own contract: a bug,
     answered 500 (never the 400 of a request that fails validation)."""
 
@@ -49,7 +50,7 @@ def _wire(model: type[c.InstallerReply] | type[c.Event], **fields: Any) -> dict[
 
 def _refused_reply(exc: Exception) -> dict[str, Any]:
     assert isinstance(exc, Refused)
-    return c.ErrorReply(status=exc.status, error=exc.message).wire()
+    return c.ErrorReply(status=exc.status, error=exc.sentence).wire()
 
 
 def create_app(settings: InstallerSettings | None = None) -> FastStream:
@@ -102,7 +103,7 @@ def create_app(settings: InstallerSettings | None = None) -> FastStream:
         except Refused as exc:
             # On the server too, not only in the reply: a sha256 mismatch may be tampering.
             log.warning("install refused", extra={"url": redact(request.url), "status": exc.status,
-                                                  "reason": exc.message})
+                                                  "reason": exc.sentence})
             raise
         if result["action"] != "unchanged":
             await broker.publish(_wire(c.InstalledEvent, type=result["action"], module=result["module"],
@@ -115,7 +116,7 @@ def create_app(settings: InstallerSettings | None = None) -> FastStream:
             result = await installer().remove(request.id)
         except Refused as exc:
             log.warning("remove refused", extra={"module_id": request.id[:64], "status": exc.status,
-                                                 "reason": exc.message})
+                                                 "reason": exc.sentence})
             raise
         await broker.publish(_wire(c.RemovedEvent, type="removed", module=result["removed"]), subjects.INSTALLER_EVENTS)
         return _wire(c.RemoveReply, status=HTTPStatus.OK, **result, replica=replica)

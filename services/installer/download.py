@@ -37,6 +37,7 @@ import httpx
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from services.installer.refusals import BAD_INPUT, UPSTREAM_FAILED, Refused
+from shared.errors import ShardbusError
 from shared.logs import redact
 
 MAX_REDIRECTS = 5
@@ -74,12 +75,11 @@ class Sink(Protocol):
         """This attempt failed; forget what was written."""
 
 
-class _Transient(Exception):
-    """A failure worth another try: the host unreachable, a timeout, or a 5xx answer."""
+class _Transient(ShardbusError):
+    """A failure worth another try: the host unreachable, a timeout, or a 5xx answer (after the
+    last try, the sentence of a 502)."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+    status = UPSTREAM_FAILED
 
 
 class _Try:
@@ -333,7 +333,7 @@ class Fetcher:
             return retrying(attempt)
         except _Transient as exc:
             tries = f"{self.attempts} attempt{'s' if self.attempts != 1 else ''}"
-            raise Refused(UPSTREAM_FAILED, f"could not fetch the {what} {url} after {tries}: {exc.message}") \
+            raise Refused(UPSTREAM_FAILED, f"could not fetch the {what} {url} after {tries}: {exc.sentence}") \
                 from None
 
     @contextmanager

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from http import HTTPStatus
 
+from shared.errors import ShardbusError
+
 BAD_INPUT = HTTPStatus.BAD_REQUEST
 """A bad URL, manifest, hash or archive."""
 
@@ -17,10 +19,9 @@ UPSTREAM_FAILED = HTTPStatus.BAD_GATEWAY
 """The source host was unreachable or answered 5xx, after retries."""
 
 
-class Refused(Exception):
-    """An install or removal that did not happen; nothing on the volume changed."""
+class Refused(ShardbusError):
+    """An install or removal that did not happen; nothing on the volume changed: ``status`` and
+    ``sentence`` (the reply's ``error``)."""
 
-    def __init__(self, status: HTTPStatus, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+    def __init__(self, status: HTTPStatus, sentence: str) -> None:
+        super().__init__(sentence, status)

@@ -200,9 +200,9 @@ class SiteInstaller:
                 result = await self.install(entry["url"])
                 entry.update(state=result["action"], module=result["module"])
             except Refused as exc:
-                entry.update(state="refused", status=exc.status, error=exc.message)
+                entry.update(state="refused", status=exc.status, error=exc.sentence)
                 log.warning("declared module refused", extra={"url": entry["url"], "status": exc.status,
-                                                              "reason": exc.message})
+                                                              "reason": exc.sentence})
             except Exception as exc:  # a bug must not stop the service from starting
                 entry.update(state="failed", status=HTTPStatus.INTERNAL_SERVER_ERROR,
                              error=f"internal error ({type(exc).__name__})")

@@ -39,6 +39,7 @@ from nats.js.errors import (
 from nats.js.kv import KeyValue
 
 from services.installer.refusals import SITE_TAKEN, Refused
+from shared.errors import ShardbusError
 from shared.nats_calls import is_away
 
 log = logging.getLogger("shardbus.installer.lock")
@@ -72,8 +73,11 @@ async def open_bucket(js: JetStreamContext, bucket: str, lease_s: float, replica
         return await js.key_value(bucket)
 
 
-class LockLost(Exception):
-    """The lease expired (the holder stalled) and another replica may hold the site now."""
+class LockLost(ShardbusError):
+    """The lease expired (the holder stalled) and another replica may hold the site now: nothing
+    was changed (the install answers 503)."""
+
+    status = HTTPStatus.SERVICE_UNAVAILABLE
 
 
 class Lease:

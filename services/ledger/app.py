@@ -25,7 +25,7 @@ from services.ledger.hot_subjects import Batching, HotActions
 from services.ledger.outbox_relay import OutboxRelay, stop_task
 from services.ledger.request_paths import SERVED, Served
 from services.ledger.settings import LedgerSettings
-from services.ledger.store import Change, Database, DatabaseUnavailable, LedgerError, is_outage
+from services.ledger.store import UNAVAILABLE, Change, Database, DatabaseUnavailable, LedgerError, is_outage
 from shared import replies, subjects
 from shared.broker import CountReplies, add_health, error_handlers, make_app, make_broker
 from shared.contracts import ledger as c
@@ -39,13 +39,10 @@ LOOP_FACTORY = uvloop.new_event_loop
 """``shardbus run ledger`` runs on uvloop (measured with the coalesced hot path: bench/ledger.py,
 docs/performance.md)."""
 
-UNAVAILABLE = "the ledger's database is unreachable; retry shortly"
-"""The 503 sentence (no URL: it could carry a password)."""
-
 
 def _refused(exc: Exception) -> dict[str, Any]:
     assert isinstance(exc, LedgerError)
-    return replies.fail(exc.status, str(exc))
+    return exc.as_reply()
 
 
 def _unreachable(exc: Exception) -> dict[str, Any]:

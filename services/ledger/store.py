@@ -34,6 +34,7 @@ import asyncpg
 from services.ledger.queries.statement import Statement
 from services.ledger.queries.store import FORCE_CUSTOM_PLAN, RUN_BY_ID
 from shared.database import normalise_url
+from shared.errors import ShardbusError
 
 CONNECT_TIMEOUT_S = 3.0
 """Longest a new connection may take to open (a black-holed server otherwise holds it 60 s)."""
@@ -64,13 +65,19 @@ OUTAGE_TYPES: tuple[type[BaseException], ...] = (
 """Exception types that say the database is away, whatever their message."""
 
 
-class DatabaseUnavailable(Exception):
+UNAVAILABLE = "the ledger's database is unreachable; retry shortly"
+"""The sentence of a 503 for a database away (no URL: it could carry a password)."""
+
+
+class DatabaseUnavailable(ShardbusError):
     """The database could not be reached, or did not answer in time: the request changed
     nothing (or, if the connection broke after a commit, a retry with the same body is safe).
-    The ledger answers 503 with its retry sentence."""
+    The ledger answers 503 with its retry sentence; ``str()`` and ``reason`` name the cause."""
+
+    status = HTTPStatus.SERVICE_UNAVAILABLE
 
     def __init__(self, cause: BaseException) -> None:
-        super().__init__(type(cause).__name__)
+        super().__init__(UNAVAILABLE, said=type(cause).__name__)
         self.reason = type(cause).__name__
 
 
@@ -204,8 +211,8 @@ async def read_one(conn: asyncpg.Connection, statement: Statement,
     return row
 
 
-class LedgerError(Exception):
-    """A request the ledger refuses; ``status`` is the reply's status."""
+class LedgerError(ShardbusError):
+    """A request the ledger refuses; ``status`` is the reply's status, ``sentence`` its error."""
 
     status = HTTPStatus.INTERNAL_SERVER_ERROR
 

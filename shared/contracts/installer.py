@@ -35,6 +35,7 @@ from pydantic.alias_generators import to_camel
 from shared import subjects
 from shared.contracts import Contract
 from shared.contracts.ids import ModuleId, RequestId
+from shared.errors import ShardbusError
 from shared.replies import Reply, describe_validation_error
 
 QUEUE: Final = "installer"
@@ -113,12 +114,13 @@ class ListRequest(InstallerRequest):
 RequestT = TypeVar("RequestT", bound=InstallerRequest)
 
 
-class RequestRefused(Exception):
+class RequestRefused(ShardbusError):
     """A request the installer would refuse, refused by a client before sending it: ``reply`` is
-    the installer's own 400, word for word."""
+    the installer's own 400, word for word (its ``status`` and ``error`` are the refusal's
+    ``status`` and ``sentence``)."""
 
     def __init__(self, reply: ErrorReply) -> None:
-        super().__init__(reply.error)
+        super().__init__(reply.error, reply.status)
         self.reply = reply
 
 

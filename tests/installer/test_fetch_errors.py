@@ -25,8 +25,8 @@ async def _refusal(site, url: str) -> Refused:
 async def test_a_4xx_is_a_400_with_the_upstream_body_and_is_not_retried(site, releases, unique):
     url = releases.serve(f"/{unique}/gone.json", b"this release was withdrawn", status=410)
     refused = await _refusal(site, url)
-    assert refused.status == 400 and "answered 410" in refused.message
-    assert "this release was withdrawn" in refused.message
+    assert refused.status == 400 and "answered 410" in refused.sentence
+    assert "this release was withdrawn" in refused.sentence
     assert releases.hits[f"/{unique}/gone.json"] == 1
 
 
@@ -36,15 +36,15 @@ async def test_an_html_error_page_is_quoted_by_its_title_on_one_line(site, relea
             b"  <p>The page you asked for\n  is not here.</p>\n</body>\n</html>\n")
     url = releases.serve(f"/{unique}/missing.json", page, status=404)
     refused = await _refusal(site, url)
-    assert refused.message.endswith("answered 404: 404 Not Found - Release Host")
-    assert "\n" not in refused.message and "<" not in refused.message
+    assert refused.sentence.endswith("answered 404: 404 Not Found - Release Host")
+    assert "\n" not in refused.sentence and "<" not in refused.sentence
 
 
 async def test_a_5xx_is_retried_then_a_502_with_the_upstream_body(site, releases, unique):
     url = releases.serve(f"/{unique}/broken.json", b"database on fire", status=500)
     refused = await _refusal(site, url)
-    assert refused.status == 502 and "answered 500: database on fire" in refused.message
-    assert "after 3 attempts" in refused.message
+    assert refused.status == 502 and "answered 500: database on fire" in refused.sentence
+    assert "after 3 attempts" in refused.sentence
     assert releases.hits[f"/{unique}/broken.json"] == 3
 
 
@@ -61,7 +61,7 @@ async def test_an_unreachable_host_is_a_502_after_retries(site):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     refused = await _refusal(site, f"https://127.0.0.1:{port}/m.json")
-    assert refused.status == 502 and "unreachable" in refused.message and "after 3 attempts" in refused.message
+    assert refused.status == 502 and "unreachable" in refused.sentence and "after 3 attempts" in refused.sentence
 
 
 async def test_an_artifact_failing_with_5xx_leaves_the_installed_version_in_place(site, releases, unique):
@@ -70,7 +70,7 @@ async def test_an_artifact_failing_with_5xx_leaves_the_installed_version_in_plac
     url = releases.release(f"/{unique}", "uo-events", "1.1.0")
     releases.routes[f"/{unique}/uo-events-1.1.0.tar.gz"].fail_first = 10
     refused = await _refusal(site, url)
-    assert refused.status == 502 and "release store is warming up" in refused.message
+    assert refused.status == 502 and "release store is warming up" in refused.sentence
     assert snapshot(Path(site.settings.modules_dir)) == before
 
 
@@ -85,8 +85,8 @@ async def test_an_artifact_failing_with_5xx_leaves_the_installed_version_in_plac
 ])
 async def test_a_bad_manifest_url_is_a_400_and_nothing_is_fetched(site, url, reason):
     refused = await _refusal(site, url)
-    assert refused.status == 400 and reason in refused.message
-    assert "pw" not in refused.message
+    assert refused.status == 400 and reason in refused.sentence
+    assert "pw" not in refused.sentence
 
 
 async def test_an_artifact_url_off_the_allowlist_is_refused_before_anything_else(site, releases, unique):
@@ -94,20 +94,20 @@ async def test_an_artifact_url_off_the_allowlist_is_refused_before_anything_else
         b'{"id": "uo-events", "version": "1.0.0", "coreApi": "^1.10.0", "sha256": "' + b"a" * 64 +
         b'", "artifactUrl": "https://evil.example/a.tar.gz"}'))
     refused = await _refusal(site, url)
-    assert refused.status == 400 and "evil.example" in refused.message and "allowed hosts" in refused.message
+    assert refused.status == 400 and "evil.example" in refused.sentence and "allowed hosts" in refused.sentence
 
 
 async def test_an_artifact_over_the_size_cap_is_refused(site, releases, unique):
     big = module_tar("uo-events", "1.0.0", {"big.bin": os.urandom(5 * 1024 * 1024)})
     refused = await _refusal(site, releases.release(f"/{unique}", "uo-events", "1.0.0", big))
-    assert refused.status == 400 and "over the cap of 4194304 bytes" in refused.message
+    assert refused.status == 400 and "over the cap of 4194304 bytes" in refused.sentence
     assert snapshot(Path(site.settings.modules_dir)) == {}
 
 
 async def test_a_manifest_declaring_an_oversized_artifact_is_refused_before_downloading(site, releases, unique):
     url = releases.release(f"/{unique}", "uo-events", "1.0.0", size=10 * 1024 * 1024)
     refused = await _refusal(site, url)
-    assert refused.status == 400 and "over the cap" in refused.message
+    assert refused.status == 400 and "over the cap" in refused.sentence
     assert releases.hits[f"/{unique}/uo-events-1.0.0.tar.gz"] == 0
 
 
@@ -117,7 +117,7 @@ def test_a_host_that_does_not_answer_in_time_is_a_502(releases, ca_file, unique)
     fetcher = Fetcher(["127.0.0.1"], ca_file=str(ca_file[0]), timeout_s=0.2, attempts=2, retry_wait_s=0.01)
     with pytest.raises(Refused) as refused:
         fetcher.fetch_manifest(url, 4096)
-    assert refused.value.status == 502 and "timed out" in refused.value.message
+    assert refused.value.status == 502 and "timed out" in refused.value.sentence
     assert releases.hits[f"/{unique}/slow.json"] == 2
 
 
@@ -135,9 +135,9 @@ async def test_an_artifact_always_cut_short_is_a_502_saying_where_it_ended_not_a
     artifact = releases.routes[f"/{unique}/uo-events-1.4.0.tar.gz"]
     artifact.cut_first, artifact.cut_at = 10, 100
     refused = await _refusal(site, url)
-    assert refused.status == 502 and "after 3 attempts" in refused.message
-    assert f"ended after 100 of its {len(artifact.body)} bytes" in refused.message
-    assert "sha256" not in refused.message
+    assert refused.status == 502 and "after 3 attempts" in refused.sentence
+    assert f"ended after 100 of its {len(artifact.body)} bytes" in refused.sentence
+    assert "sha256" not in refused.sentence
     assert snapshot(Path(site.settings.modules_dir)) == {}
 
 
@@ -178,8 +178,8 @@ def test_a_host_trickling_a_byte_at_a_time_is_cut_at_the_deadline_of_the_whole_t
             fetcher.fetch_manifest(url, 4096)
         else:
             fetcher.fetch_artifact(url, 4096, _Discard)
-    assert refused.value.status == 502 and "after 2 attempts" in refused.value.message
-    assert "timed out: no whole answer within 0.5 s" in refused.value.message
+    assert refused.value.status == 502 and "after 2 attempts" in refused.value.sentence
+    assert "timed out: no whole answer within 0.5 s" in refused.value.sentence
     sent = releases.sent[f"/{unique}/{what}"]
     assert len(sent) == 2 and all(n < len(TRICKLED) for n in sent)
 
@@ -189,7 +189,7 @@ def test_a_host_whose_certificate_is_not_trusted_is_a_502_at_once(releases, uniq
     fetcher = Fetcher(["127.0.0.1"], timeout_s=5, attempts=3, retry_wait_s=0.01)  # the test CA not loaded
     with pytest.raises(Refused) as refused:
         fetcher.fetch_manifest(url, 4096)
-    assert refused.value.status == 502 and "TLS certificate this installer does not trust" in refused.value.message
+    assert refused.value.status == 502 and "TLS certificate this installer does not trust" in refused.value.sentence
     assert releases.hits[f"/{unique}/m.json"] == 0
 
 
@@ -202,7 +202,7 @@ def test_redirects_are_followed_on_allowed_hosts_up_to_five_times(releases, ca_f
     releases.serve(f"/{unique}/hop5", b"", status=301, location=releases.url(f"/{unique}/hop6"))
     with pytest.raises(Refused) as refused:
         fetcher.fetch_manifest(releases.url(f"/{unique}/hop0"), 4096)
-    assert refused.value.status == 400 and "redirected more than 5 times" in refused.value.message
+    assert refused.value.status == 400 and "redirected more than 5 times" in refused.value.sentence
     assert releases.hits[f"/{unique}/hop6"] == 0
 
 
@@ -211,5 +211,5 @@ def test_a_redirect_to_plain_http_is_refused_before_it_is_followed(releases, ca_
     url = releases.serve(f"/{unique}/moved", b"", status=302, location=f"http://{releases.host}/{unique}/m.json")
     with pytest.raises(Refused) as refused:
         fetcher.fetch_manifest(url, 4096)
-    assert refused.value.status == 400 and "manifest redirect URL" in refused.value.message
-    assert "not https" in refused.value.message
+    assert refused.value.status == 400 and "manifest redirect URL" in refused.value.sentence
+    assert "not https" in refused.value.sentence

@@ -95,8 +95,8 @@ async def test_a_hostile_artifact_is_refused_and_the_volume_is_untouched(install
     before, outside = snapshot(_volume(installed_site)), snapshot(tmp_path)
     with pytest.raises(Refused) as refused:
         await installed_site.install(releases.release(f"/{unique}", MODULE, "1.1.0", artifact))
-    assert refused.value.status == 400, refused.value.message
-    assert reason in refused.value.message
+    assert refused.value.status == 400, refused.value.sentence
+    assert reason in refused.value.sentence
     assert snapshot(_volume(installed_site)) == before
     assert snapshot(tmp_path) == outside
 
@@ -105,7 +105,7 @@ async def test_a_wrong_hash_is_refused(installed_site, releases, unique):
     before = snapshot(_volume(installed_site))
     with pytest.raises(Refused) as refused:
         await installed_site.install(releases.release(f"/{unique}", MODULE, "1.1.0", sha256="0" * 64))
-    assert refused.value.status == 400 and "sha256" in refused.value.message
+    assert refused.value.status == 400 and "sha256" in refused.value.sentence
     assert snapshot(_volume(installed_site)) == before
 
 
@@ -114,7 +114,7 @@ async def test_a_manifest_over_the_size_cap_is_refused_unread(installed_site, re
     url = releases.release(f"/{unique}", MODULE, "1.1.0", notes="x" * 5000)
     with pytest.raises(Refused) as refused:
         await installed_site.install(url)
-    assert refused.value.status == 400 and "larger than 4096 bytes" in refused.value.message
+    assert refused.value.status == 400 and "larger than 4096 bytes" in refused.value.sentence
     assert snapshot(_volume(installed_site)) == before
 
 
@@ -125,7 +125,7 @@ async def test_a_redirect_to_a_host_off_the_allowlist_is_refused(installed_site,
     url = releases.serve(f"/{unique}/moved.json", b"", status=302, location=off_list)
     with pytest.raises(Refused) as refused:
         await installed_site.install(url)
-    assert refused.value.status == 400 and "not on the installer's allowed hosts" in refused.value.message
+    assert refused.value.status == 400 and "not on the installer's allowed hosts" in refused.value.sentence
     assert releases.hits[f"/{unique}/{MODULE}-1.1.0.json"] == 0
     assert snapshot(_volume(installed_site)) == before
 
@@ -164,7 +164,7 @@ def test_the_unpacked_size_is_counted_while_reading_not_taken_from_headers(tmp_p
     artifact.write_bytes(gzip.compress(tar + bytes(3 * 1024 * 1024)))
     with pytest.raises(Refused) as refused:
         archive.inspect(artifact, MODULE, "1.0.0", archive.Limits(100, 2 * 1024 * 1024, 10_000))
-    assert "more than 2097152 bytes" in refused.value.message
+    assert "more than 2097152 bytes" in refused.value.sentence
     fine = archive.inspect(artifact, MODULE, "1.0.0", archive.Limits(100, 8 * 1024 * 1024, 10_000))
     assert fine.entries == 3 and fine.unpacked_bytes == len(tar) + 3 * 1024 * 1024
 
@@ -176,7 +176,7 @@ def test_unpacking_applies_the_same_checks_as_the_inspection(tmp_path):
     dest.mkdir()
     with pytest.raises(Refused) as refused:
         archive.unpack(plain_tar, dest, archive.Limits(100, 1 << 20, 50))
-    assert "'..'" in refused.value.message
+    assert "'..'" in refused.value.sentence
     assert not (tmp_path / "evil.txt").exists()
     assert set(snapshot(dest)) <= {"module.json"}
 
@@ -194,12 +194,12 @@ async def test_oversized_answers_without_a_length_are_cut_off_while_reading(inst
     releases.routes[f"/{unique}/{MODULE}-1.1.0.json"].announce_length = False
     with pytest.raises(Refused) as manifest:
         await installed_site.install(url)
-    assert manifest.value.status == 400 and "larger than 4096 bytes" in manifest.value.message
+    assert manifest.value.status == 400 and "larger than 4096 bytes" in manifest.value.sentence
 
     big = module_tar(MODULE, "1.1.0", {"big.bin": os.urandom(5 * 1024 * 1024)})
     url = releases.release(f"/{unique}/big", MODULE, "1.1.0", big)
     releases.routes[f"/{unique}/big/{MODULE}-1.1.0.tar.gz"].announce_length = False
     with pytest.raises(Refused) as artifact:
         await installed_site.install(url)
-    assert artifact.value.status == 400 and "over the cap of 4194304 bytes" in artifact.value.message
+    assert artifact.value.status == 400 and "over the cap of 4194304 bytes" in artifact.value.sentence
     assert snapshot(_volume(installed_site)) == before

@@ -53,7 +53,7 @@ async def test_another_module_is_refused_with_409_before_its_artifact_is_fetched
     with pytest.raises(Refused) as refused:
         await site.install(releases.release(f"/{unique}", "uo-vendors", "2.0.0"))
     assert refused.value.status == 409
-    message = refused.value.message
+    message = refused.value.sentence
     assert "uo-events 1.4.0 is installed" in message and "upgrade uo-events or remove it first" in message
     assert releases.hits[f"/{unique}/uo-vendors-2.0.0.tar.gz"] == 0
     assert snapshot(Path(site.settings.modules_dir)) == before
@@ -72,7 +72,7 @@ async def test_removing_a_module_that_is_not_installed_is_404_naming_what_is(sit
     with pytest.raises(Refused) as refused:
         await site.remove("uo-vendors")
     assert refused.value.status == 404
-    assert "uo-vendors is not installed" in refused.value.message and "uo-events 1.4.0" in refused.value.message
+    assert "uo-vendors is not installed" in refused.value.sentence and "uo-events 1.4.0" in refused.value.sentence
     with pytest.raises(Refused) as bad:
         await site.remove("../etc")
     assert bad.value.status == 400
@@ -119,5 +119,5 @@ async def test_an_install_that_lost_the_site_lock_midway_changes_nothing(site, r
     await site.lock.kv.create(site.lock.key, b'{"purpose": "another replica"}')  # …and another replica took it
     with pytest.raises(Refused) as refused:
         await installing
-    assert refused.value.status == 503 and "nothing was changed" in refused.value.message
+    assert refused.value.status == 503 and "nothing was changed" in refused.value.sentence
     assert snapshot(Path(site.settings.modules_dir)) == before

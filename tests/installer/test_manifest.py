@@ -32,7 +32,7 @@ def test_a_module_needing_another_core_api_is_refused_with_both_versions_named()
     with pytest.raises(Refused) as refused:
         parse_manifest(json.dumps({**GOOD, "coreApi": "^2.0.0"}).encode(), "https://x/m.json")
     assert refused.value.status == 400
-    assert "needs core API ^2.0.0" in refused.value.message and "offers 1.11.0" in refused.value.message
+    assert "needs core API ^2.0.0" in refused.value.sentence and "offers 1.11.0" in refused.value.sentence
 
 
 def test_a_good_manifest_parses():
@@ -50,12 +50,12 @@ def test_a_bad_manifest_field_is_a_400_naming_it(change, named):
     body = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
     with pytest.raises(Refused) as refused:
         parse_manifest(json.dumps(body).encode(), "https://x/m.json")
-    assert refused.value.status == 400 and named in refused.value.message
-    assert "https://x/m.json" in refused.value.message
+    assert refused.value.status == 400 and named in refused.value.sentence
+    assert "https://x/m.json" in refused.value.sentence
 
 
 @pytest.mark.parametrize("body", [b"", b"not json", b"[1, 2]", b"\xff\xfe"])
 def test_a_manifest_that_is_not_a_json_object_is_a_400(body):
     with pytest.raises(Refused) as refused:
         parse_manifest(body, "u")
-    assert refused.value.status == 400 and "JSON" in refused.value.message
+    assert refused.value.status == 400 and "JSON" in refused.value.sentence

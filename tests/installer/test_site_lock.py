@@ -27,7 +27,7 @@ async def test_a_held_site_makes_another_holder_wait_then_409_naming_the_holder(
         with pytest.raises(Refused) as refused:
             async with second.hold("install uo-vendors 1.0.0"):
                 pass
-    assert refused.value.status == 409 and "install uo-events 1.4.0" in refused.value.message
+    assert refused.value.status == 409 and "install uo-events 1.4.0" in refused.value.sentence
 
 
 async def test_the_lock_is_free_again_once_released(bucket, unique):
