@@ -122,9 +122,6 @@ class Workload:
         return {row["resourceId"] for console in await self.consoles()
                 for row in console["resources"] if row["status"] == "reverting"}
 
-    async def reverting_more_than(self, count: int) -> bool:
-        return len(await self.reverting()) > count
-
     async def none_reverting(self, ids: set[int]) -> bool:
         return not ids & await self.reverting()
 
