@@ -58,9 +58,12 @@ async def test_sigkill_of_a_gateway_replica_loses_no_frame(nats_url, tmp_path, u
         commander = asyncio.create_task(keep_commanding(nc, sim.shard, tally, stop))
         sender = asyncio.create_task(send_frames(sim, tally, FRAMES, RATE))
 
+        # Killed once a third is sent and while the shard holds frames the replica has not
+        # acknowledged (nothing awaited between the look and the kill): those are resent to the other.
         async with asyncio.timeout(20):
-            while tally.sent < FRAMES // 3:
+            while tally.sent < FRAMES // 3 or not sim.unacked:
                 await asyncio.sleep(0.01)
+        unacked_at_kill = len(sim.unacked)
         procs.stop(first, signal.SIGKILL)
         killed_at = time.monotonic()
 
@@ -68,7 +71,7 @@ async def test_sigkill_of_a_gateway_replica_loses_no_frame(nats_url, tmp_path, u
         gap = tally.longest_gap_after(killed_at)
         await traffic.finish(nc)
         print("\n" + tally.line("gateway replica 1 of 2 SIGKILLed") + f"; longest command pause {gap:.2f} s; "
-              + traffic.line())
+              f"{unacked_at_kill} frames unacknowledged at the kill; " + traffic.line())
     finally:
         stop.set()
         sim.disconnected.set()  # let the follower see stop
