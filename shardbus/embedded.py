@@ -54,8 +54,60 @@ def _ephemeral_range() -> tuple[int, int]:
     return low, high
 
 
+RESERVATION_S = 600.0
+"""How long a drawn port stays claimed for the process that drew it: longer than any start
+takes from choosing its ports to listening on them (``shardbus up`` waits for PostgreSQL first)."""
+
+
+def _reservations() -> Path:
+    return Path(tempfile.gettempdir()) / f"shardbus-ports-{os.getuid()}"
+
+
+def _claim(port: int, host: str, *, again: bool = False) -> bool:
+    """Claim ``port`` for ``RESERVATION_S`` against every other process of this machine that
+    draws here, if nothing listens on it and no other draw claimed it in that time.
+
+    Two processes drawing at random still meet: a CI run lost ``shardbus up``'s gateway when the
+    other test worker drew its shard port between the draw and the bind (``address already in
+    use``). A file a port under one lock makes a draw and its claim one step for all of them."""
+    folder = _reservations()
+    folder.mkdir(mode=0o700, exist_ok=True)
+    with open(folder / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        claim = folder / str(port)
+        if _claimed(claim, mine_count=not again):
+            return False
+        if not _bindable(port, host, reuse=again):
+            return False
+        claim.write_text(str(os.getpid()))  # rewriting renews the file's time
+        return True
+
+
+def _claimed(claim: Path, *, mine_count: bool) -> bool:
+    """A claim holds while it is younger than ``RESERVATION_S`` and the process that made it
+    lives: a restarted ``shardbus up`` takes its previous ports back from its dead self. A
+    fresh draw counts this process's own claims too (two servers it starts get two ports)."""
+    try:
+        age = time.time() - claim.stat().st_mtime
+        owner = int(claim.read_text() or 0)
+    except (FileNotFoundError, ValueError):
+        return False
+    if age >= RESERVATION_S or owner == 0:
+        return False
+    if owner == os.getpid():
+        return mine_count
+    try:
+        os.kill(owner, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now, chosen below the kernel's ephemeral range.
+    """A TCP port nothing listens on right now, chosen below the kernel's ephemeral range and
+    claimed so that no other process of this machine drawing here gets it too (``_claim``).
 
     A port the kernel hands out for ``bind(0)`` comes from the same range as the local port of
     every outgoing connection, so between choosing it and a server listening on it, any client
@@ -63,25 +115,34 @@ def free_port(host: str = "127.0.0.1") -> int:
     that range only a listener can take a port, and listeners choose here at random."""
     low, _ = _ephemeral_range()
     if low > 11000:
-        for _ in range(64):
+        for _ in range(256):
             port = _PORT_DRAWS.randrange(10000, low)
-            with socket.socket() as sock:
-                try:
-                    sock.bind((host, port))
-                except OSError:
-                    continue
-            return port
+            if _claim(port, host):
+                return port
     with socket.socket() as sock:  # a machine with no room below its ephemeral range
         sock.bind((host, 0))
         chosen: int = sock.getsockname()[1]
         return chosen
 
 
+def claim_port(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether ``port``, chosen before (a previous start's), is free now and claimed for this
+    process: free of listeners and of other draws (``_claim``)."""
+    if port < 10000 or port >= _ephemeral_range()[0]:
+        return port_is_free(port, host)
+    return _claim(port, host, again=True)
+
+
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     """Whether a server could listen on ``host:port`` now. SO_REUSEADDR as the servers set it:
     connections of a stopped server still in TIME_WAIT do not make its port taken."""
+    return _bindable(port, host, reuse=True)
+
+
+def _bindable(port: int, host: str, *, reuse: bool) -> bool:
     with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

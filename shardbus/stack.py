@@ -297,7 +297,7 @@ class Stack:
                 else:
                     before = previous.get(key, [])
                     old = before[i] if i < len(before) else 0
-                    if old and old not in taken and embedded.port_is_free(old):
+                    if old and old not in taken and embedded.claim_port(old):
                         port = old
                     else:
                         while (port := embedded.free_port()) in taken or port in avoid:

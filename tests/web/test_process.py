@@ -4,17 +4,11 @@ SIGTERM, and its log never carries a token."""
 from __future__ import annotations
 
 import json
-import socket
 
 import httpx
 
+from shardbus.embedded import free_port
 from tests.web.conftest import OPERATOR_TOKEN, WEBSITE_TOKEN
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _listening_url(log: str) -> str:
@@ -44,7 +38,7 @@ def test_the_door_serves_and_answers_503_for_a_shard_nobody_holds(services, uniq
 
 
 def test_two_replicas_share_one_port_and_either_one_serves_it(services):
-    port = _free_port()
+    port = free_port()  # claimed below the ephemeral range: no client takes it first
     first, second = _door(services, port), _door(services, port)
     assert _listening_url(first.log()) == _listening_url(second.log()) == f"http://127.0.0.1:{port}"
     assert services.stop(first) == 0
