@@ -9,13 +9,28 @@ STAMP := $(VENV)/.installed-stamp
 LOCAL_NATS_URL ?= nats://127.0.0.1:4222
 LOCAL_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
-.PHONY: up test test-unit test-integration test-system test-local-servers test-faults test-model test-link-model test-schemathesis bench fault-runs soak docs clean browser promtool npm-tools lint
+.PHONY: lock up test test-unit test-integration test-system test-local-servers test-faults test-model test-link-model test-schemathesis bench fault-runs soak docs clean browser promtool npm-tools lint
 
-$(STAMP): pyproject.toml
+# Every package comes from requirements.lock, exact versions with their hashes (a release that
+# changed under a version, or a package nothing asked for, is refused); the project itself is
+# installed over it without dependencies. `make lock` refreshes the lock (docs/operations.md).
+LOCK := requirements.lock
+UV_VERSION := 0.13.9
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet --require-hashes -r $(LOCK)
+	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
+
+# The newest releases pyproject.toml allows, written into the lock with their hashes, installed,
+# and the whole suite run on them: a refresh that breaks a test is seen before it lands.
+lock:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet uv==$(UV_VERSION)
+	$(VENV)/bin/uv pip compile --quiet --upgrade --universal --python-version 3.11 --generate-hashes \
+		--extra test pyproject.toml -o $(LOCK)
+	$(MAKE) $(STAMP) test
 
 # `make up` takes ports and the rest as make variables (each also read as SHARDBUS_<NAME> from
 # the environment by `shardbus up` itself): make up SHARD_PORT=2595 NATS_PORT=4223 WEB_PORT=8080
