@@ -40,7 +40,7 @@ import trustme
 
 from shardbus import embedded
 from shared import subjects
-from shared.broker import health_file_is_fresh
+from shared.health import health_file_is_fresh
 from tests.installer.releases import ReleaseServer, Route
 
 SIZES_MB = (50, 200)

@@ -56,7 +56,7 @@ import psutil
 
 from shardbus import embedded
 from shared import subjects
-from shared.broker import health_file_is_fresh
+from shared.health import health_file_is_fresh
 
 CLIENTS = 32
 """Concurrent clients in the transition phases (ledger and raw alike)."""

@@ -1,1 +1,2 @@
-"""The four shardbus services. Each is a folder; they meet on NATS subjects, never on imports."""
+"""The five shardbus services — gateway, ledger, cleanup, installer, web — each a folder; they
+meet on NATS subjects, never on imports (docs/architecture.md)."""

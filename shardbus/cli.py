@@ -108,8 +108,8 @@ def _database_outage(exc: BaseException) -> bool:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from services.ledger.engine import safe_url
     from shared import logs
-    from shared.database import safe_url
     from shared.metrics import MetricsPortUnavailable
     from shared.settings import CommonSettings
 
@@ -150,9 +150,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
     from services.ledger import migrate
+    from services.ledger.engine import safe_url
     from services.ledger.settings import LedgerSettings
     from services.ledger.store import is_outage
-    from shared.database import safe_url
 
     url = args.database_url or LedgerSettings().database_url
     try:
@@ -168,7 +168,7 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_healthcheck(args: argparse.Namespace) -> int:
-    from shared.broker import health_file_is_fresh
+    from shared.health import health_file_is_fresh
     from shared.settings import CommonSettings
 
     path = CommonSettings().health_file

@@ -30,7 +30,7 @@ from typing import IO
 
 from shardbus import embedded, registry, stack_env
 from shardbus.process_stop import STOP_TIMEOUT_S
-from shared.broker import health_file_is_fresh
+from shared.health import health_file_is_fresh
 
 DATABASE = "shardbus"
 """The database the embedded PostgreSQL keeps the ledger in."""

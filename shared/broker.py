@@ -1,165 +1,36 @@
 """FastStream wiring every service shares: a named, reconnecting NATS broker whose failures
-become replies, and the health subject.
+become replies, the app around it, and its stop.
 
 Without an exception middleware FastStream sends *no* reply when a request fails validation
 or its handler raises, so the caller would wait for its timeout. Here every such request is
-answered: a validation error with a 400 naming the fields, anything unexpected with a 500.
+answered (shared/error_replies.py: a validation error with a 400 naming the fields, anything
+unexpected with a 500).
 
-Before any of that, :class:`DirectOnly` drops every message that was not sent to the
-subscription directly (shared/delivery.py: a JetStream push consumer's delivery, a reply to a
-``$`` subject): it is neither handled nor answered. And a connection nats-py closes for good
-while the service runs ends the process (:class:`shared.nats_connect.ClosedForGood`), so a
-supervisor restarts it.
+Before any of that, :class:`~shared.middlewares.DirectOnly` drops every message that was not
+sent to the subscription directly (shared/delivery.py: a JetStream push consumer's delivery, a
+reply to a ``$`` subject): it is neither handled nor answered. And a connection nats-py closes
+for good while the service runs ends the process (:class:`shared.nats_connect.ClosedForGood`),
+so a supervisor restarts it. Health is shared/health.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import re
-import socket
-import time
 import weakref
 from collections.abc import Callable
-from http import HTTPStatus
-from pathlib import Path
 from typing import Any
 
-from faststream import BaseMiddleware, ExceptionMiddleware, FastStream
-from faststream.exceptions import SkipMessage
+from faststream import ExceptionMiddleware, FastStream
 from faststream.nats import NatsBroker
-from faststream.nats.subscriber.usecases import CoreSubscriber
-from pydantic import ValidationError
 
-from shared import faststream_internals, natspy_internals, replies, subjects
-from shared.delivery import is_direct, why_not_direct
+from shared import faststream_internals, natspy_internals
+from shared.error_replies import ErrorHandler, error_handlers
+from shared.middlewares import CountReplies, DirectOnly
 from shared.nats_connect import ClosedForGood, connect_options
 from shared.settings import CommonSettings
 
 log = logging.getLogger("shardbus.broker")
-
-HEARTBEAT_EVERY_S = 5.0
-"""How often the health file is touched while NATS is connected."""
-
-ErrorHandler = Callable[[Exception], dict[str, Any]]
-
-
-def _internal_reply(exc: Exception) -> dict[str, Any]:
-    log.error("request failed", exc_info=exc)
-    return replies.fail(HTTPStatus.INTERNAL_SERVER_ERROR,
-                        f"internal error ({type(exc).__name__}); the service logged the details")
-
-
-def _validation_reply(exc: Exception) -> dict[str, Any]:
-    """The reply to a request that failed validation (the middleware hands this handler
-    ValidationErrors only: it picks a handler by the exception's type)."""
-    if not isinstance(exc, ValidationError):
-        return _internal_reply(exc)
-    return replies.fail(replies.BAD_REQUEST, replies.describe_validation_error(exc))
-
-
-def error_handlers(error_replies: dict[type[Exception], ErrorHandler] | None = None) -> dict[type[Exception],
-                                                                                          ErrorHandler]:
-    """Every service's answers to failures (a validation error: 400 naming the fields; anything
-    unexpected: 500), with ``error_replies`` (a service's own, e.g. a database outage) added."""
-    return {ValidationError: _validation_reply, Exception: _internal_reply, **(error_replies or {})}
-
-
-def error_reply(handlers: dict[type[Exception], ErrorHandler], exc: Exception) -> dict[str, Any]:
-    """The reply to ``exc`` from ``handlers`` (:func:`error_handlers`): the most specific type
-    wins, as FastStream's exception middleware picks, for a service's own nats-py subscriptions."""
-    for cls in type(exc).__mro__:
-        handler = handlers.get(cls)
-        if handler is not None:
-            return handler(exc)
-    return _internal_reply(exc)  # pragma: no cover - Exception is always in handlers
-
-
-REFUSAL_LOG_EVERY_S = 10.0
-"""At most one log line per subscription this often about messages refused as not direct."""
-
-
-class DirectOnly:
-    """Broker middleware: a core-NATS subscriber handles only messages sent to it directly.
-
-    A message whose subject does not match the subscription (a JetStream push consumer's
-    delivery keeps its stream subject), whose reply is a ``$`` subject (``$JS.ACK.…``) or that
-    is a JetStream status message is dropped before any other middleware: no handler runs, no
-    reply is sent (an answer would acknowledge the delivery, or write where the reply points).
-    JetStream and key-value subscribers, which expect stream subjects, are left alone."""
-
-    def __init__(self, service: str) -> None:
-        self.log = logging.getLogger(f"shardbus.{service}")
-        self._last: dict[str, tuple[float, int]] = {}
-
-    def __call__(self, msg: Any, /, *, context: Any) -> BaseMiddleware:
-        return _DirectOnly(msg, context=context, gate=self)
-
-    def refused(self, pattern: str, why: str, subject: str) -> None:
-        """Count a refusal; log it, at most once per subscription every REFUSAL_LOG_EVERY_S."""
-        now = time.monotonic()
-        last, count = self._last.get(pattern, (float("-inf"), 0))
-        if now - last < REFUSAL_LOG_EVERY_S:
-            self._last[pattern] = (last, count + 1)
-            return
-        self._last[pattern] = (now, 0)
-        self.log.warning("refused a message not sent to this subject directly",
-                         extra={"subscription": pattern, "msg_subject": subject, "why": why,
-                                "refused_since_last_line": count})
-
-
-class _DirectOnly(BaseMiddleware):
-    def __init__(self, msg: Any, /, *, context: Any, gate: DirectOnly) -> None:
-        super().__init__(msg, context=context)
-        self.gate = gate
-
-    async def on_receive(self) -> None:
-        handler = self.context.get_local("handler_")
-        if not isinstance(handler, CoreSubscriber):
-            return
-        sub = getattr(handler, "subscription", None)
-        pattern = getattr(sub, "subject", None) or handler.subject.broker_address
-        msg = self.msg
-        subject, reply, headers = getattr(msg, "subject", ""), getattr(msg, "reply", ""), getattr(msg, "headers", None)
-        if not is_direct(subject, pattern, reply, headers):
-            self.gate.refused(pattern, why_not_direct(subject, pattern, reply, headers), subject)
-            raise SkipMessage  # FastStream drops it: no handler, no reply
-
-
-_ENCODED_STATUS = re.compile(rb'\{"status": ?(\d{3})[,}]')
-"""The status of a reply already encoded (a page: ``{"status": 200, …``)."""
-
-
-class CountReplies:
-    """Broker middleware: counts each request's reply by subject and status into ``counts``
-    ((subject label, status) → n; a service's metrics read it). Placed outside the exception
-    middleware, it sees the replies of failures too. ``label`` bounds the subject (a known one,
-    else ``other``)."""
-
-    def __init__(self, counts: dict[tuple[str, int], int], label: Callable[[str], str]) -> None:
-        self.counts, self.label = counts, label
-
-    def __call__(self, msg: Any, /, *, context: Any) -> BaseMiddleware:
-        return _CountReplies(msg, context=context, gate=self)
-
-
-class _CountReplies(BaseMiddleware):
-    def __init__(self, msg: Any, /, *, context: Any, gate: CountReplies) -> None:
-        super().__init__(msg, context=context)
-        self.gate = gate
-
-    async def consume_scope(self, call_next: Any, msg: Any) -> Any:
-        result = await call_next(msg)
-        status: Any = HTTPStatus.OK
-        if isinstance(result, dict):
-            status = result.get("status", HTTPStatus.OK)
-        elif isinstance(result, bytes) and (found := _ENCODED_STATUS.match(result)):
-            status = int(found[1])
-        key = (self.gate.label(getattr(msg.raw_message, "subject", "")), int(status) if isinstance(status, int) else 0)
-        self.gate.counts[key] = self.gate.counts.get(key, 0) + 1
-        return result
-
 
 _closed_guards: weakref.WeakKeyDictionary[NatsBroker, ClosedForGood] = weakref.WeakKeyDictionary()
 """Each service broker's ``closed_cb``, which :func:`make_app` arms while the app runs."""
@@ -234,62 +105,6 @@ def make_app(broker: NatsBroker, service: str) -> FastStream:
     app.on_shutdown(app.disarm_closed_guards)
     app.on_shutdown(_drain_or_let_go(broker))  # the stop's drain, bounded when NATS is away
     return app
-
-
-async def _no_body(_msg: Any) -> None:
-    """The decoder of subjects that take no body: whatever is sent (even JSON nested deeper than
-    Python reads, a RecursionError) is not read, so it cannot turn the answer into a 500."""
-    return None
-
-
-def add_health(app: FastStream, broker: NatsBroker, service: str, settings: CommonSettings,
-               details: Callable[[], dict[str, Any]] | None = None) -> None:
-    """Answer ``<service>.health`` (any one replica) and ``shardbus.ping`` (every replica),
-    and, if configured, keep the health file fresh."""
-    started = time.monotonic()
-
-    @broker.subscriber(subjects.health(service), queue=f"{service}-health", decoder=_no_body)
-    async def health() -> dict[str, Any]:
-        extra = details() if details else {}
-        return replies.ok(service=service, pid=os.getpid(),
-                          uptime_s=round(time.monotonic() - started, 3), **extra)
-
-    # No queue group: every replica answers, so ``shardbus status`` can count them.
-    @broker.subscriber(subjects.PING, decoder=_no_body)
-    async def ping() -> dict[str, Any]:
-        return replies.ok(service=service, pid=os.getpid(), host=socket.gethostname(),
-                          uptime_s=round(time.monotonic() - started, 3))
-
-    if not settings.health_file:
-        return
-    path = Path(settings.health_file)
-    tasks: list[asyncio.Task[None]] = []
-
-    async def beat() -> None:
-        while True:
-            if (nc := faststream_internals.connection_of(broker)) is not None and nc.is_connected:
-                # A few bytes to a local file, written in the loop on purpose: off it, a write still
-                # under way could land after the stop's unlink and leave a stale health file.
-                path.write_text(f"{time.time():.3f}\n")  # noqa: ASYNC240 — see above
-            await asyncio.sleep(HEARTBEAT_EVERY_S)
-
-    @app.after_startup
-    async def _start_beat() -> None:
-        tasks.append(asyncio.create_task(beat()))
-
-    @app.on_shutdown
-    async def _stop_beat() -> None:
-        for task in tasks:
-            task.cancel()
-        path.unlink(missing_ok=True)  # noqa: ASYNC240 — in the loop, after the last write (see beat)
-
-
-def health_file_is_fresh(path: str, max_age_s: float = 3 * HEARTBEAT_EVERY_S) -> bool:
-    """What a compose health check asks: was the health file touched recently?"""
-    try:
-        return time.time() - float(Path(path).read_text().strip()) <= max_age_s
-    except (OSError, ValueError):
-        return False
 
 
 # --- the stop ------------------------------------------------------------------------------

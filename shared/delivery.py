@@ -19,7 +19,7 @@ user put a message on a subject it may not publish to, and :func:`is_direct` ref
 
 So a message is direct when its subject matches the subscribed pattern (NATS matching, token
 by token), its reply (if any) is not a ``$`` subject, and it carries no JetStream status.
-FastStream subscribers of every service go through :class:`shared.broker` 's middleware that
+FastStream subscribers of every service go through :class:`shared.middlewares.DirectOnly`, which
 asks this; the gateway's own nats-py subscriptions ask it in their callbacks.
 """
 

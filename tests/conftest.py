@@ -37,8 +37,8 @@ import nats
 import pytest
 
 from services.ledger import migrate
+from services.ledger.engine import normalise_url
 from shardbus import embedded
-from shared.database import normalise_url
 from tests.processes import ServiceProcesses
 
 # --- cost markers ----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardbus.embedded import stop_process
-from shared.broker import health_file_is_fresh
+from shared.health import health_file_is_fresh
 
 
 @dataclass

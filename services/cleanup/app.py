@@ -1,35 +1,22 @@
-"""Cleanup wiring: sweeps on a period and on request, manual retry, reconcile.
-
-Every request subject is served by the ``cleanup-workers`` queue group, so replicas share
-requests; periodic sweeps run in every replica at once, which is safe because the ledger's
-guarded claim hands each row to one sweeper. Within one process sweeps never overlap.
-"""
+"""Cleanup wiring: the request subjects in the ``cleanup-workers`` queue group (replicas share
+requests), the periodic sweep and reconcile in every replica, health and metrics. What each does
+is :class:`~services.cleanup.service.CleanupService` (docs/cleanup.md)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import random
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from http import HTTPStatus
-from typing import Any
 
 import uvloop
 from faststream import FastStream
-from faststream.nats import NatsBroker
 
 from services.cleanup import metrics
-from services.cleanup.away_alert import AwayAlert
-from services.cleanup.ledger_client import NO_LEDGER, LedgerClient, LedgerError
-from services.cleanup.port import NatsPort
-from services.cleanup.reconcile import Reconciler
+from services.cleanup.service import CleanupService, every
 from services.cleanup.settings import CleanupSettings
-from services.cleanup.sweep import Limits, RunReport, Sweeper
-from shared import replies, subjects
-from shared.broker import add_health, make_app, make_broker
-from shared.contracts.cleanup import QUEUE, ReconcileRequest, RetryRequest, SweepRequest
+from shared import subjects
+from shared.broker import make_app, make_broker
+from shared.contracts.cleanup import QUEUE
+from shared.health import add_health
 from shared.metrics import serve_metrics
 from shared.request_body import decode_body
 
@@ -38,57 +25,6 @@ log = logging.getLogger("shardbus.cleanup")
 LOOP_FACTORY = uvloop.new_event_loop
 """``shardbus run cleanup`` runs on uvloop: a sweep is thousands of small requests, each its own
 socket write (bench/cleanup.py, docs/performance.md)."""
-
-JITTER = 0.1
-"""Periods vary by ±10% so replicas started together drift apart."""
-
-OUTAGE_RETRY_S = 1.0
-"""First wait before sweeping again after the ledger stopped a periodic sweep (then doubled)."""
-
-
-def _run_reply(report: RunReport) -> dict[str, Any]:
-    """A one-run sweep's reply: the run's report, or the ledger's refusal (e.g. 409, 404). A
-    refusal carries the report only when the sweep claimed rows before it stopped: a run that
-    does not exist, or one refused before anything was claimed, has nothing to report."""
-    run = report.to_dict()
-    if not report.error:
-        return replies.ok(run=run)
-    return replies.fail(report.error_status, report.error, **({"run": run} if report.claimed else {}))
-
-
-@dataclass(frozen=True)
-class _Built:
-    """The sweeper, and the reconciler sharing its connection and run → shard cache."""
-
-    sweeper: Sweeper
-    reconciler: Reconciler
-    away_alert: AwayAlert
-
-
-class _Workers:
-    """The sweeper and the reconciler over the broker's own connection, built on first use
-    (once the broker is connected)."""
-
-    def __init__(self, broker: NatsBroker, settings: CleanupSettings) -> None:
-        self.broker, self.settings = broker, settings
-        self.counts = metrics.CleanupCounts()
-        self._built: _Built | None = None
-
-    def built(self) -> _Built:
-        if self._built is None:
-            settings = self.settings
-            port = NatsPort(self.broker.connection)
-            ledger = LedgerClient(port, settings.ledger_timeout_s)
-            sweeper = Sweeper(port, ledger, Limits(
-                max_attempts=settings.max_attempts, batch_size=settings.sweep_batch_size,
-                runs_per_batch=settings.sweep_runs_per_batch, runs_in_flight=settings.sweep_runs_in_flight,
-                give_back_concurrency=settings.give_back_concurrency,
-                claim_timeout_s=settings.claim_timeout_s, command_timeout_s=settings.command_timeout_s,
-                away_backoff_s=settings.away_backoff_s, away_backoff_max_s=settings.away_backoff_max_s), self.counts)
-            self._built = _Built(sweeper, Reconciler(port, ledger, sweeper.shard_of, settings.command_timeout_s),
-                                 AwayAlert(ledger, settings.away_alert_s, self.counts))
-        return self._built
-
 
 STOP_JOBS_S = 10.0
 """How long the periodic jobs get to end when the service stops."""
@@ -99,130 +35,39 @@ def create_app(settings: CleanupSettings | None = None) -> FastStream:
     settings = settings or CleanupSettings()
     broker = make_broker(settings, "cleanup")
     app = make_app(broker, "cleanup")
-    workers = _Workers(broker, settings)
-    one_sweep_at_a_time = asyncio.Lock()
+    service = CleanupService(broker, settings)
+    for subject, handler in ((subjects.CLEANUP_SWEEP, service.sweep_now), (subjects.CLEANUP_RETRY, service.retry),
+                             (subjects.CLEANUP_RECONCILE, service.reconcile_now)):
+        broker.subscriber(subject, queue=QUEUE, decoder=decode_body)(handler)
     tasks: list[asyncio.Task[None]] = []
-
-    def sweeper() -> Sweeper:
-        return workers.built().sweeper
-
-    def reconciler() -> Reconciler:
-        return workers.built().reconciler
-
-    started = {"ledger_seen": False}
-
-    async def waiting_too_long() -> None:
-        """After a whole sweep: count (and log once each) the runs waiting too long."""
-        try:
-            await workers.built().away_alert.check()
-        except LedgerError as exc:
-            log.warning("cannot tell which runs wait too long for their shard", extra={"reason": str(exc)})
-
-    async def full_sweep(why: str) -> dict[str, Any]:
-        async with one_sweep_at_a_time:
-            report = (await sweeper().sweep()).to_dict()
-        level = logging.WARNING if report.get("error") or report["runErrors"] else logging.INFO
-        if why == "period" and not started["ledger_seen"] and str(report.get("error", "")).endswith(NO_LEDGER):
-            # Cleanup may start before the ledger listens: waiting for it is no warning.
-            log.info("waiting for the ledger before the first sweep")
-        elif report["runs"] or report["settled"] or level != logging.INFO:
-            log.log(level, "sweep done", extra={"why": why, **report})
-        if not report.get("error"):
-            started["ledger_seen"] = True
-            await waiting_too_long()
-        await broker.publish({**report, "why": why, "pid": os.getpid()}, subjects.CLEANUP_SWEPT)
-        return report
-
-    @broker.subscriber(subjects.CLEANUP_SWEEP, queue=QUEUE, decoder=decode_body)
-    async def sweep_now(request: SweepRequest) -> dict[str, Any]:
-        """Sweep now: every candidate run, or only ``runId``."""
-        if request.run_id is None:
-            summary = await full_sweep("request")
-            if summary.get("error"):
-                return replies.fail(HTTPStatus.SERVICE_UNAVAILABLE, summary["error"])
-            return replies.ok(**summary)
-        async with one_sweep_at_a_time:
-            report = await sweeper().sweep_run(request.run_id)
-        return _run_reply(report)
-
-    @broker.subscriber(subjects.CLEANUP_RETRY, queue=QUEUE, decoder=decode_body)
-    async def retry(request: RetryRequest) -> dict[str, Any]:
-        """Reset an incomplete run's attempts and sweep it now."""
-        try:
-            async with one_sweep_at_a_time:
-                report = await sweeper().retry(request.run_id)
-        except LedgerError as exc:
-            return exc.as_reply()
-        return _run_reply(report)
-
-    @broker.subscriber(subjects.CLEANUP_RECONCILE, queue=QUEUE, decoder=decode_body)
-    async def reconcile_now(request: ReconcileRequest) -> dict[str, Any]:
-        """Reconcile the named modules (default: every module owning a live row, and the
-        configured ones)."""
-        if request.modules is not None:
-            return replies.ok(**(await reconciler().reconcile(request.modules)).to_dict())
-        try:
-            report = await reconciler().reconcile_all(settings.modules_to_reconcile())
-        except LedgerError as exc:
-            return replies.fail(exc.status, f"cannot tell which modules own live rows: {exc}")
-        return replies.ok(**report.to_dict())
-
-    async def every(period_s: float, job: Callable[[], Awaitable[bool]], name: str, *,
-                    first_after_a_period: bool = False) -> None:
-        """Run ``job`` every period (the first time at once, or after one period); after a job
-        the ledger stopped (False), sooner, backing off from OUTAGE_RETRY_S up to the period
-        (e.g. the first sweep, before the ledger is up)."""
-        retry_s = OUTAGE_RETRY_S
-        if first_after_a_period:
-            await asyncio.sleep(period_s * random.uniform(1 - JITTER, 1 + JITTER))
-        while True:
-            try:
-                done = await job()
-            except Exception:
-                log.exception("periodic job failed", extra={"job": name})
-                done = True
-            wait_s, retry_s = (period_s, OUTAGE_RETRY_S) if done else (min(period_s, retry_s), retry_s * 2)
-            await asyncio.sleep(wait_s * random.uniform(1 - JITTER, 1 + JITTER))
-
-    async def periodic_sweep() -> bool:
-        return not (await full_sweep("period")).get("error")
-
-    async def periodic_reconcile() -> bool:
-        try:
-            report = await reconciler().reconcile_all(settings.modules_to_reconcile())
-        except LedgerError as exc:
-            log.warning("periodic reconcile stopped: cannot tell which modules own live rows",
-                        extra={"reason": str(exc)})
-            return False
-        summary = report.to_dict()
-        level = logging.WARNING if report.errors or report.unanswered else logging.INFO
-        if report.modules or level != logging.INFO:
-            log.log(level, "reconcile done", extra=summary)
-        return not report.errors
 
     @app.after_startup
     async def start_periodic() -> None:
-        sweeper()
-        tasks.append(asyncio.create_task(every(settings.sweep_period_s, periodic_sweep, "sweep")))
+        service.sweeper()
+        tasks.append(asyncio.create_task(every(settings.sweep_period_s, service.periodic_sweep, "sweep")))
         # Reconcile-all asks the shard about every run with a live row: not at start, where every
         # replica started together would ask at once (and compete with the first sweep).
-        tasks.append(asyncio.create_task(every(settings.reconcile_period_s, periodic_reconcile, "reconcile",
+        tasks.append(asyncio.create_task(every(settings.reconcile_period_s, service.periodic_reconcile, "reconcile",
                                                first_after_a_period=True)))
 
     @app.on_shutdown
     async def stop_periodic() -> None:
-        # Cancelled again until they end, within STOP_JOBS_S: Python 3.11's wait_for (under
-        # nats-py's request) can swallow a cancellation that lands as its reply does, and the
-        # job then goes on to its next sleep, an hour long (seen once: a test's teardown hung).
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + STOP_JOBS_S
-        while (running := [task for task in tasks if not task.done()]) and loop.time() < deadline:
-            for task in running:
-                task.cancel()
-            await asyncio.wait(running, timeout=0.5)
-        if running:
-            log.warning("periodic jobs did not stop", extra={"jobs": len(running)})
+        await stop_jobs(tasks)
 
     add_health(app, broker, "cleanup", settings)
-    serve_metrics(app, broker, "cleanup", settings, metrics.collector(workers.counts))
+    serve_metrics(app, broker, "cleanup", settings, metrics.collector(service.workers.counts))
     return app
+
+
+async def stop_jobs(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel the periodic jobs again until they end, within STOP_JOBS_S: Python 3.11's wait_for
+    (under nats-py's request) can swallow a cancellation that lands as its reply does, and the
+    job then goes on to its next sleep, an hour long (seen once: a test's teardown hung)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + STOP_JOBS_S
+    while (running := [task for task in tasks if not task.done()]) and loop.time() < deadline:
+        for task in running:
+            task.cancel()
+        await asyncio.wait(running, timeout=0.5)
+    if running:
+        log.warning("periodic jobs did not stop", extra={"jobs": len(running)})

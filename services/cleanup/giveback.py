@@ -25,7 +25,7 @@ from typing import Any
 
 from services.cleanup import classify
 from services.cleanup.classify import Outcome, Verdict
-from services.cleanup.port import Port
+from services.cleanup.requester import Requester
 from shared import subjects
 from shared.contracts.ids import is_shard_id
 from shared.nats_calls import NatsAway, NoAnswer, NoResponders
@@ -94,7 +94,7 @@ class Despawn:
 
 
 def _encoded_len(value: Any) -> int:
-    """Bytes of ``value`` as the port sends it (compact JSON, ASCII)."""
+    """Bytes of ``value`` as the requester sends it (compact JSON, ASCII)."""
     return len(json.dumps(value, separators=(",", ":")))
 
 
@@ -133,12 +133,12 @@ def despawns(run_id: str, rows: list[dict[str, Any]], shard: str,
     return out
 
 
-async def despawn(port: Port, command: Despawn, timeout_s: float) -> dict[str, Outcome]:
+async def despawn(requester: Requester, command: Despawn, timeout_s: float) -> dict[str, Outcome]:
     """Send one ``world.despawn``; each serial's outcome, read from its one answer (never raises
     for an answer: nobody there is ``away`` for every serial, as a garbled answer is ``failed``
     for every serial)."""
     try:
-        reply = await port.request(command.subject, command.payload, timeout_s)
+        reply = await requester.request(command.subject, command.payload, timeout_s)
     except NoResponders:
         return dict.fromkeys(command.serials, command.nobody)
     except (NoAnswer, NatsAway):  # NATS away: a kind of no answer
@@ -203,10 +203,10 @@ def _lease_release(row: dict[str, Any], shard: str, key: str) -> Command | Outco
                    lambda reply: classify.release_answer(reply, lease_key), classify.no_gateway(shard))
 
 
-async def send(port: Port, command: Command, timeout_s: float) -> Outcome:
+async def send(requester: Requester, command: Command, timeout_s: float) -> Outcome:
     """Send ``command`` and classify whatever comes back (never raises for an answer)."""
     try:
-        reply = await port.request(command.subject, command.payload, timeout_s)
+        reply = await requester.request(command.subject, command.payload, timeout_s)
     except NoResponders:
         return command.nobody
     except (NoAnswer, NatsAway):  # NATS away: a kind of no answer
@@ -214,9 +214,9 @@ async def send(port: Port, command: Command, timeout_s: float) -> Outcome:
     return command.read(reply)
 
 
-async def give_back(port: Port, row: dict[str, Any], shard: str, timeout_s: float) -> Outcome:
+async def give_back(requester: Requester, row: dict[str, Any], shard: str, timeout_s: float) -> Outcome:
     """Give ``row`` back and say what became of it."""
     command = plan(row, shard)
     if isinstance(command, Outcome):
         return command
-    return await send(port, command, timeout_s)
+    return await send(requester, command, timeout_s)

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from services.cleanup.port import Port
+from services.cleanup.requester import Requester
 from shared import subjects
 from shared.contracts import ledger as c
 from shared.errors import ShardbusError
@@ -49,17 +49,17 @@ NO_LEDGER = "no ledger is running"
 
 
 class LedgerClient:
-    """Typed calls to the ledger over a :class:`Port`."""
+    """Typed calls to the ledger over a :class:`Requester`."""
 
-    def __init__(self, port: Port, timeout_s: float) -> None:
-        self.port, self.timeout_s = port, timeout_s
+    def __init__(self, requester: Requester, timeout_s: float) -> None:
+        self.requester, self.timeout_s = requester, timeout_s
 
     async def call(self, subject: str, request: BaseModel) -> dict[str, Any]:
         """One request (a model of the ledger's contract, sent as its wire JSON); the reply when
         2xx, else :class:`LedgerError`."""
         payload = request.model_dump(mode="json", by_alias=True, exclude_none=True)
         try:
-            data = await self.port.request(subject, payload, self.timeout_s)
+            data = await self.requester.request(subject, payload, self.timeout_s)
         except NoResponders:
             raise LedgerError(subject, HTTPStatus.SERVICE_UNAVAILABLE, NO_LEDGER) from None
         except NatsAway as exc:

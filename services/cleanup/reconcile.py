@@ -36,7 +36,7 @@ from typing import Any
 from services.cleanup import classify
 from services.cleanup.giveback import LEASE_KIND, WORLD_KINDS
 from services.cleanup.ledger_client import LedgerClient, LedgerError
-from services.cleanup.port import Port
+from services.cleanup.requester import Requester
 from shared import subjects
 from shared.contracts import ledger as ledger_contract
 from shared.contracts.ids import is_shard_id
@@ -98,11 +98,11 @@ class ReconcileReport:
 
 
 class Reconciler:
-    """Runs reconciles over a :class:`Port`; ``shard_of`` names a run's shard."""
+    """Runs reconciles over a :class:`Requester`; ``shard_of`` names a run's shard."""
 
-    def __init__(self, port: Port, ledger: LedgerClient, shard_of: Callable[[str], Awaitable[str]],
+    def __init__(self, requester: Requester, ledger: LedgerClient, shard_of: Callable[[str], Awaitable[str]],
                  timeout_s: float) -> None:
-        self.port, self.ledger, self.shard_of, self.timeout_s = port, ledger, shard_of, timeout_s
+        self.requester, self.ledger, self.shard_of, self.timeout_s = requester, ledger, shard_of, timeout_s
 
     async def modules_to_reconcile(self, configured: list[str] | None = None) -> list[str]:
         """Every module owning a live row (the ledger says which), and the ``configured`` ones;
@@ -185,7 +185,7 @@ class Reconciler:
         if not is_shard_id(shard):
             raise Unanswered(f"the run names no valid shard ({shard!r})")
         try:
-            reply = await self.port.request(subjects.command(shard, verb), payload, self.timeout_s)
+            reply = await self.requester.request(subjects.command(shard, verb), payload, self.timeout_s)
         except NoResponders:
             raise Unanswered(classify.no_gateway(shard).reason) from None
         except (NoAnswer, NatsAway):  # NATS away: a kind of no answer

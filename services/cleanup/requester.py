@@ -1,7 +1,7 @@
 """The one door the cleanup logic talks through: a NATS request that returns decoded JSON.
 
-The sweep, the reconcile and the ledger client only ever call :meth:`Port.request`, so they
-can be exercised without FastStream; the app hands them a :class:`NatsPort` over the
+The sweep, the reconcile and the ledger client only ever call :meth:`Requester.request`, so they
+can be exercised without FastStream; the app hands them a :class:`NatsRequester` over the
 broker's own nats-py connection. Transport failures become the failures of
 :mod:`shared.nats_calls` the logic can classify: nobody subscribed (``NoResponders``), no answer
 in time (``NoAnswer``), and NATS itself away (``NatsAway``, which the logic reads as a kind of no
@@ -20,14 +20,14 @@ from nats.aio.client import Client
 from shared import nats_calls
 
 
-class Port(Protocol):
+class Requester(Protocol):
     """Request/reply over NATS: the decoded JSON answer, or raw text when it is not JSON."""
 
     async def request(self, subject: str, payload: dict[str, Any], timeout: float) -> Any: ...
 
 
-class NatsPort:
-    """:class:`Port` over a nats-py connection."""
+class NatsRequester:
+    """:class:`Requester` over a nats-py connection."""
 
     def __init__(self, client: Client) -> None:
         self.client = client

@@ -32,7 +32,7 @@ from services.cleanup import giveback
 from services.cleanup.classify import Outcome, Verdict
 from services.cleanup.ledger_client import MAX_LIMIT, LedgerClient, LedgerError
 from services.cleanup.metrics import CleanupCounts
-from services.cleanup.port import Port
+from services.cleanup.requester import Requester
 from shared.contracts import ledger_statuses
 from shared.contracts.ids import is_shard_id
 
@@ -144,10 +144,11 @@ def _camel(name: str) -> str:
 
 
 class Sweeper:
-    """Runs sweeps against the ledger and the shard, over a :class:`Port`."""
+    """Runs sweeps against the ledger and the shard, over a :class:`Requester`."""
 
-    def __init__(self, port: Port, ledger: LedgerClient, limits: Limits, counts: CleanupCounts | None = None) -> None:
-        self.port, self.ledger, self.limits = port, ledger, limits
+    def __init__(self, requester: Requester, ledger: LedgerClient, limits: Limits,
+                 counts: CleanupCounts | None = None) -> None:
+        self.requester, self.ledger, self.limits = requester, ledger, limits
         self.give_backs = asyncio.Semaphore(limits.give_back_concurrency)
         self.shards: dict[str, str] = {}
         self.counts = counts or CleanupCounts()
@@ -287,7 +288,7 @@ class Sweeper:
                 given[index] = (row["resourceId"], None)
                 return
             given[index] = (row["resourceId"],
-                            await giveback.give_back(self.port, row, shard, self.limits.command_timeout_s))
+                            await giveback.give_back(self.requester, row, shard, self.limits.command_timeout_s))
 
     async def _despawn(self, command: giveback.Despawn, indexes: list[int], rows: list[Any], start_by: float,
                        given: list[tuple[Any, Outcome | None]]) -> None:
@@ -299,7 +300,7 @@ class Sweeper:
                 for i in placed:
                     given[i] = (rows[i]["resourceId"], None)
                 return
-            outcomes = await giveback.despawn(self.port, command, self.limits.command_timeout_s)
+            outcomes = await giveback.despawn(self.requester, command, self.limits.command_timeout_s)
         for i in placed:
             given[i] = (rows[i]["resourceId"], outcomes[rows[i]["ref"]])
 

@@ -19,7 +19,8 @@ from services.gateway import metrics
 from services.gateway.gateway import Gateway, Serving, serve
 from services.gateway.settings import GatewaySettings
 from shared import logs, subjects
-from shared.broker import add_health, make_app, make_broker
+from shared.broker import make_app, make_broker
+from shared.health import add_health
 from shared.metrics import serve_metrics
 
 LOOP_FACTORY = uvloop.new_event_loop

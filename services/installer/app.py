@@ -20,7 +20,7 @@ from services.installer.settings import InstallerSettings
 from services.installer.site_installer import SiteInstaller
 from services.installer.site_lock import SiteLock, open_bucket
 from shared import subjects
-from shared.broker import add_health, make_app, make_broker
+from shared.broker import make_app, make_broker
 from shared.contracts import installer as c
 
 # The handlers' request types by their own names: FastStream (fast_depends) resolves a handler's
@@ -28,6 +28,7 @@ from shared.contracts import installer as c
 # globals, so a short alias (``c.InstallRequest``) could meet a caller's own ``c``.
 from shared.contracts.installer import InstallRequest, RemoveRequest
 from shared.errors import ShardbusError
+from shared.health import add_health
 from shared.logs import redact
 from shared.metrics import serve_metrics
 from shared.nats_connect import connection_name

@@ -6,10 +6,8 @@ into the stream ``LEDGER_EVENTS``. The rules live in the plain modules this file
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable
-from http import HTTPStatus
 from typing import Any
 
 import asyncpg
@@ -18,8 +16,10 @@ from faststream import FastStream, Path
 from faststream.nats import NatsBroker
 from pydantic import BaseModel
 
-from services.ledger import console, expiry, metrics, migrate, resources, runs, statuses, sweep
+from services.ledger import actions, console, metrics, migrate
+from services.ledger.actions import Reach
 from services.ledger.dispatcher import Dispatcher, Handler, HotSubject
+from services.ledger.engine import safe_url
 from services.ledger.event_stream import declare_events_stream
 from services.ledger.hot_subjects import Batching, HotActions
 from services.ledger.outbox_relay import OutboxRelay, stop_task
@@ -27,10 +27,12 @@ from services.ledger.request_paths import SERVED, Served
 from services.ledger.settings import LedgerSettings
 from services.ledger.store import UNAVAILABLE, Change, Database, DatabaseUnavailable, LedgerError, is_outage
 from shared import replies, subjects
-from shared.broker import CountReplies, add_health, error_handlers, make_app, make_broker
+from shared.broker import make_app, make_broker
 from shared.contracts import ledger as c
-from shared.database import safe_url
+from shared.error_replies import error_handlers
+from shared.health import add_health
 from shared.metrics import serve_metrics
+from shared.middlewares import CountReplies
 from shared.request_body import decode_body
 
 log = logging.getLogger("shardbus.ledger")
@@ -92,7 +94,8 @@ def create_app(settings: LedgerSettings | None = None) -> FastStream:
             for relay in relays:
                 relay.wake()
 
-    hot = register_handlers(broker, db, settings.ledger_concurrency, committed, document, hot_actions)
+    reach = Reach(db, hot_actions, lambda: broker.connection.max_payload)
+    hot = register_handlers(broker, reach, settings.ledger_concurrency, committed, document)
     dispatcher = Dispatcher(hot, subjects.LEDGER_QUEUE, error_handlers(ERROR_REPLIES),
                             pending_max=settings.ledger_pending_max)
     app.schema.add_broker(document)
@@ -169,128 +172,17 @@ async def watch_leases(db: Database, period_s: float) -> None:
         await asyncio.sleep(period_s)
 
 
-Answer = tuple[dict[str, Any] | bytes, list[Change]]
-"""What a ledger action gives back: the reply's fields (or a whole reply, already encoded) and
-the changes it committed (their events are in the run log)."""
-
-
-def register_handlers(broker: NatsBroker, db: Database, concurrency: int,
-                      committed: Callable[[list[Change]], None], document: NatsBroker,
-                      hot_actions: HotActions) -> list[HotSubject]:
+def register_handlers(broker: NatsBroker, reach: Reach, concurrency: int,
+                      committed: Callable[[list[Change]], None], document: NatsBroker) -> list[HotSubject]:
     """Subscribe every subject of the ledger's contract (``shared.contracts.ledger.CONTRACTS``)
-    in the ``ledger`` queue group, each with the contract's request model and handling up to
-    ``concurrency`` requests at once (one at a time would make every commit wait for the one
-    before it). ``committed`` hears of each request's changes, to wake the outbox relay.
+    in the ``ledger`` queue group, each with the contract's request model and its action
+    (``actions.ACTIONS``), handling up to ``concurrency`` requests at once (one at a time would
+    make every commit wait for the one before it). ``committed`` hears of each request's
+    changes, to wake the outbox relay.
 
     The subjects ``request_paths.SERVED`` gives the dispatcher are not subscribed here: their
     handlers, the same ones, are returned for it, and declared on ``document`` for the AsyncAPI
     document."""
-
-    def page_bytes() -> int:
-        # Pages (console, live rows, claims, runs) fit the connected server's max_payload.
-        return console.page_bytes(broker.connection.max_payload)
-
-    async def create_run(body: c.CreateRun) -> Answer:
-        run, changes = await runs.create_run(db, body.run_id, body.shard, body.event, body.starts_at, body.ends_at)
-        return {"run": run}, changes
-
-    async def run_status(body: c.SetRunStatus) -> Answer:
-        run, changes = await runs.set_run_status(db, body.run_id, body.status)
-        return {"run": run}, changes
-
-    async def reserve(body: c.AddResource) -> Answer:
-        resource, changes = await hot_actions.reserve(body)
-        return {"resource": resource}, changes
-
-    async def record(body: c.AddResource) -> Answer:
-        resource, changes = await hot_actions.record(body)
-        return {"resource": resource}, changes
-
-    async def confirm(body: c.ResourceRef) -> Answer:
-        resource, changes = await hot_actions.confirm(body)
-        return {"resource": resource}, changes
-
-    async def fail(body: c.FailResource) -> Answer:
-        resource, changes = await hot_actions.fail(body)
-        return {"resource": resource}, changes
-
-    async def run_console(body: c.Console) -> Answer:
-        return await console.console(db, body.run_id, body.after, body.limit, page_bytes()), []
-
-    async def run_log(body: c.RunLogPage) -> Answer:
-        return await console.run_log(db, body.run_id, body.after, body.limit, page_bytes()), []
-
-    async def list_runs(body: c.ListRuns) -> Answer:
-        return await console.list_runs(db, body, page_bytes()), []
-
-    async def leases_overdue(body: c.LeasesOverdue) -> Answer:
-        _, reply = await console.leases_overdue(db, body.limit, page_bytes())
-        return reply, []
-
-    async def live(body: c.LiveRows) -> Answer:
-        return await console.live(db, body.module, body.limit, body.after, page_bytes()), []
-
-    async def live_modules(body: c.LiveModules) -> Answer:
-        return await console.live_modules(db, body.limit), []
-
-    async def settle(body: c.Settle) -> Answer:
-        count, changes = await sweep.settle(db)
-        return {"settled": count}, changes
-
-    async def candidates(body: c.Candidates) -> Answer:
-        return {"runs": await sweep.candidates(db, body.limit)}, []
-
-    async def claim(body: c.Claim) -> Answer:
-        run, changes, more = await sweep.claim(db, body.run_id, body.max_attempts, body.limit,
-                                               body.claim_timeout_s, page_bytes())
-        # Compact and UTF-8 as it is: at most the bytes the claim measured (its page budget).
-        return json.dumps(replies.ok(resources=[change.resource for change in changes], shard=run["shard"],
-                                     more=more), separators=(",", ":"), ensure_ascii=False).encode(), changes
-
-    async def reverted(body: c.ResourceRef) -> Answer:
-        resource, changes = await hot_actions.outcome(body.resource_id, statuses.SWEEP_REVERTED, None)
-        return {"resource": resource}, changes
-
-    async def drifted(body: c.Drifted) -> Answer:
-        resource, changes = await hot_actions.outcome(body.resource_id, statuses.SWEEP_DRIFTED, body.error)
-        return {"resource": resource}, changes
-
-    async def failed(body: c.SweepFailed) -> Answer:
-        resource, changes = await hot_actions.outcome(body.resource_id, statuses.SWEEP_FAILED[body.transient],
-                                                      body.error)
-        return {"resource": resource}, changes
-
-    async def record_outcomes(body: c.SweepOutcomes) -> Answer:
-        result, changes = await sweep.outcomes(
-            db, [(o.resource_id, o.verdict, o.error) for o in body.outcomes],
-            body.away_backoff_s, body.away_backoff_max_s)
-        return result, changes
-
-    async def finish(body: c.Finish) -> Answer:
-        run, changes = await sweep.finish(db, body.run_id, body.max_attempts, body.summary)
-        return {"run": run}, changes
-
-    async def retry(body: c.RunRef) -> Answer:
-        run, changes = await sweep.retry(db, body.run_id)
-        return {"run": run}, changes
-
-    async def waiting(body: c.Waiting) -> Answer:
-        found, more = await sweep.waiting(db, body.limit, body.run_id, body.longer_than_s)
-        return {"runs": found, "more": more}, []
-
-    actions: dict[str, Callable[[Any], Awaitable[Answer]]] = {
-        subjects.LEDGER_RUN_CREATE: create_run, subjects.LEDGER_RUN_STATUS: run_status,
-        subjects.LEDGER_RESOURCE_RESERVE: reserve, subjects.LEDGER_RESOURCE_RECORD: record,
-        subjects.LEDGER_RESOURCE_CONFIRM: confirm, subjects.LEDGER_RESOURCE_FAIL: fail,
-        subjects.LEDGER_CONSOLE: run_console, subjects.LEDGER_LOG: run_log, subjects.LEDGER_RUNS: list_runs,
-        subjects.LEDGER_LEASES_OVERDUE: leases_overdue, subjects.LEDGER_LIVE: live,
-        subjects.LEDGER_LIVE_MODULES: live_modules, subjects.LEDGER_SWEEP_SETTLE: settle,
-        subjects.LEDGER_SWEEP_CANDIDATES: candidates, subjects.LEDGER_SWEEP_CLAIM: claim,
-        subjects.LEDGER_SWEEP_REVERTED: reverted, subjects.LEDGER_SWEEP_DRIFTED: drifted,
-        subjects.LEDGER_SWEEP_FAILED: failed, subjects.LEDGER_SWEEP_OUTCOMES: record_outcomes,
-        subjects.LEDGER_SWEEP_FINISH: finish, subjects.LEDGER_SWEEP_RETRY: retry,
-        subjects.LEDGER_SWEEP_WAITING: waiting,
-    }
 
     def subscribe(subject: str, handler: Callable[..., Awaitable[Any]]) -> None:
         # decode_body: a body Python's json cannot read (too deep, a 5,000-digit integer) is a
@@ -299,52 +191,56 @@ def register_handlers(broker: NatsBroker, db: Database, concurrency: int,
                           decoder=decode_body)(handler)
 
     hot: list[HotSubject] = []
+    unsubscribed = dict(actions.ACTIONS)
     for contract in c.CONTRACTS:
         if "{" in contract.subject:
             continue  # the module-token subjects below take the module from the subject
-        handler = answering(actions.pop(contract.subject), contract.request, committed)
+        handler = answering(unsubscribed.pop(contract.subject), reach, contract.request, committed)
         if SERVED[contract.subject] is Served.DISPATCHER:
             hot.append(HotSubject(contract.subject, contract.request, handler))
             document.subscriber(contract.subject, queue=subjects.LEDGER_QUEUE)(handler)
         else:
             subscribe(contract.subject, handler)
-    if actions:  # pragma: no cover - an action no contract names would never be subscribed
-        raise RuntimeError(f"ledger actions without a contract: {sorted(actions)}")
-
-    async def expired(body: Any, module: str = Path()) -> dict[str, Any]:
-        # Read leniently (docs/ledger.md, "Expiry"): a malformed expiry answers {expired: 0}, writes nothing.
-        count, changes = await expiry.expire(db, module, body)
-        committed(changes)
-        return replies.ok(expired=count)
-
-    async def reconcile(body: c.Reconcile, module: str = Path()) -> dict[str, Any]:
-        if not c.is_module_name(module):
-            return replies.fail(HTTPStatus.BAD_REQUEST, f"module {module!r} in the subject is not a module name")
-        count, changes = await resources.reconcile(db, module, body.run_id, body.kind, body.present)
-        committed(changes)
-        return replies.ok(orphaned=count)
-
-    # The annotations as objects, not this module's postponed strings: FastStream resolves a
-    # string against the namespace of whoever builds the app (a caller's ``c`` shadowed ours).
-    expired.__annotations__ = {"body": Any, "module": str, "return": dict[str, Any]}
-    reconcile.__annotations__ = {"body": c.Reconcile, "module": str, "return": dict[str, Any]}
-    subscribe(subjects.LEDGER_EXPIRED_PATTERN, expired)
-    subscribe(subjects.LEDGER_RECONCILE_PATTERN, reconcile)
+    if unsubscribed:  # pragma: no cover - an action no contract names would never be subscribed
+        raise RuntimeError(f"ledger actions without a contract: {sorted(unsubscribed)}")
+    subscribe(subjects.LEDGER_EXPIRED_PATTERN, by_module(actions.expired, reach, Any, committed))
+    subscribe(subjects.LEDGER_RECONCILE_PATTERN, by_module(actions.reconcile, reach, c.Reconcile, committed))
     return hot
 
 
-def answering(action: Callable[[Any], Awaitable[Answer]], request: type[BaseModel],
+def answering(action: actions.Action, reach: Reach, request: type[BaseModel],
               committed: Callable[[list[Change]], None]) -> Handler:
     """The handler of one subject: validate the body with the contract's ``request`` model,
     act, tell ``committed`` what changed, reply 200 with the action's fields. Named after the
     action (the AsyncAPI document's channel names come from it)."""
 
     async def handler(body: Any) -> dict[str, Any] | bytes:
-        result, changes = await action(body)
+        result, changes = await action(reach, body)
         committed(changes)
         return replies.ok(**result) if isinstance(result, dict) else result
 
     handler.__name__ = handler.__qualname__ = action.__name__
     # FastStream validates the body against the annotation (and documents it): the contract's model.
     handler.__annotations__ = {"body": request, "return": dict[str, Any] | bytes}
+    return handler
+
+
+ByModule = Callable[[Reach, Any, str], Awaitable[tuple[dict[str, Any], list[Change]]]]
+
+
+def by_module(action: ByModule, reach: Reach, request: Any,
+              committed: Callable[[list[Change]], None]) -> Callable[..., Awaitable[dict[str, Any]]]:
+    """The handler of a subject that names its module (``ledger.expired.<module>`` …): FastStream
+    gives it the module from the subject (``Path()``) and the body validated as ``request``.
+    Named after the action (the AsyncAPI document's channel names come from it)."""
+
+    async def handler(body: Any, module: str = Path()) -> dict[str, Any]:
+        reply, changes = await action(reach, body, module)
+        committed(changes)
+        return reply
+
+    handler.__name__ = handler.__qualname__ = action.__name__
+    # The annotations as objects, not this module's postponed strings: FastStream resolves a
+    # string against the namespace of whoever builds the app (a caller's ``c`` shadowed ours).
+    handler.__annotations__ = {"body": request, "module": str, "return": dict[str, Any]}
     return handler

@@ -6,7 +6,7 @@ is a plain queue subscription in the ``ledger`` group whose callback reads the m
 starts a task; the task does what the FastStream path does, in the same words: refuse a message
 not sent directly (shared/delivery.py), read the body (shared/request_body.py), validate it
 with the contract's request model (400 naming the fields, as ``body.<field>``), act, and answer
-with the same envelope and the same error mapping (shared/broker.py :func:`error_reply`).
+with the same envelope and the same error mapping (shared/error_replies.py :func:`error_reply`).
 
 Bounded: at most ``pending_max`` requests of one subject are being answered at once; one more
 is answered 503 at once (``BUSY``), never queued without end. Stopping unsubscribes first, then
@@ -29,8 +29,10 @@ from nats.aio.subscription import Subscription
 from pydantic import BaseModel, ValidationError
 
 from shared import replies
-from shared.broker import STOP_GRACE_S, DirectOnly, ErrorHandler, error_reply
+from shared.broker import STOP_GRACE_S
 from shared.delivery import is_direct, why_not_direct
+from shared.error_replies import ErrorHandler, error_reply
+from shared.middlewares import DirectOnly
 from shared.request_body import read_body
 
 log = logging.getLogger("shardbus.ledger.dispatcher")

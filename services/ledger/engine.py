@@ -1,10 +1,10 @@
-"""The async database engine (SQLAlchemy with asyncpg, used through SQLModel sessions)."""
+"""The ledger's database URL and the SQLAlchemy engine Alembic's migrations run on (the ledger
+itself speaks to PostgreSQL on asyncpg directly: store.py)."""
 
 from __future__ import annotations
 
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
-from sqlmodel.ext.asyncio.session import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 
 def normalise_url(url: str) -> str:
@@ -21,11 +21,6 @@ def make_engine(url: str, *, pool_size: int = 10, echo: bool = False) -> AsyncEn
     return create_async_engine(
         normalise_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True, echo=echo
     )
-
-
-def make_sessions(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
-    """A factory of SQLModel async sessions bound to ``engine``."""
-    return async_sessionmaker(engine, class_=AsyncSession, expire_on_commit=False)
 
 
 def safe_url(url: str) -> str:

@@ -1,7 +1,7 @@
 """The ledger's series (docs/operations.md, "Metrics"), ``shardbus_ledger_…``.
 
 Counted where the ledger already counts: replies by subject and status (the dispatcher's for
-the hot subjects, :class:`shared.broker.CountReplies` for the rest), each coalescer's requests
+the hot subjects, :class:`shared.middlewares.CountReplies` for the rest), each coalescer's requests
 per statement, the relay's published events; read at scrape time by :func:`collector`, which
 also asks the database how many events wait for the relay (one small query a scrape)."""
 
@@ -54,7 +54,7 @@ class LedgerMeters:
     hot_actions: HotActions
     relays: list[OutboxRelay]
     replies: dict[tuple[str, int], int] = field(default_factory=dict)
-    """The FastStream subjects' replies (shared.broker.CountReplies fills it)."""
+    """The FastStream subjects' replies (shared.middlewares.CountReplies fills it)."""
     loop: asyncio.AbstractEventLoop | None = None
 
 

@@ -16,8 +16,8 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
 
+from services.ledger.engine import make_engine, normalise_url
 from services.ledger.queries.schema import SCHEMA_VERSION, SCHEMA_VERSIONED
-from shared.database import make_engine, normalise_url
 
 log = logging.getLogger("shardbus.ledger.migrate")
 

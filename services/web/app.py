@@ -18,7 +18,8 @@ from services.web.http_app import PROTOCOL_VERSION, build_http_app
 from services.web.http_wire import DoorHttp
 from services.web.settings import WebSettings
 from services.web.uvicorn_internals import QuietServer, ask_to_stop
-from shared.broker import add_health, make_app, make_broker
+from shared.broker import make_app, make_broker
+from shared.health import add_health
 from shared.metrics import serve_metrics
 
 log = logging.getLogger("shardbus.web")

@@ -13,7 +13,7 @@ from typing import Any
 
 from services.cleanup import giveback
 from services.cleanup.ledger_client import LedgerClient
-from services.cleanup.port import NatsPort
+from services.cleanup.requester import NatsRequester
 from services.cleanup.sweep import Limits, Sweeper
 from shared import subjects
 from shared.contracts.ids import RUN_ID_MAX
@@ -47,8 +47,8 @@ def _rows(console: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _in_process_sweeper(nc, **limits: Any) -> Sweeper:
-    port = NatsPort(nc)
-    return Sweeper(port, LedgerClient(port, 10.0), Limits(**limits))
+    requester = NatsRequester(nc)
+    return Sweeper(requester, LedgerClient(requester, 10.0), Limits(**limits))
 
 
 # -- the key and the split, without servers ------------------------------------------------------
@@ -242,7 +242,7 @@ async def test_a_batch_over_the_byte_budget_is_split_and_every_row_still_gets_it
     assert rows[foreign]["attempts"] == 1 and "never this run's" in rows[foreign]["lastError"]
 
 
-class _DiesAfterSending(NatsPort):
+class _DiesAfterSending(NatsRequester):
     """A sweeper that dies after its despawn reached the shard and before it recorded anything:
     the request goes out and is answered, then the sweeper hangs until it is cancelled."""
 
@@ -269,8 +269,8 @@ async def test_a_batch_reclaimed_after_its_sweeper_died_is_sent_again_under_the_
     tally = DespawnTally(shard.world)
     limits = {"claim_timeout_s": 1.0, "command_timeout_s": 0.5}
     reached = asyncio.Event()
-    port = _DiesAfterSending(nc, reached)
-    doomed = Sweeper(port, LedgerClient(port, 10.0), Limits(**limits))
+    requester = _DiesAfterSending(nc, reached)
+    doomed = Sweeper(requester, LedgerClient(requester, 10.0), Limits(**limits))
     dying = asyncio.create_task(doomed.sweep_run(run))
     async with asyncio.timeout(30):
         await reached.wait()

@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.cleanup.ledger_client import LedgerClient as CleanupLedgerClient
-from services.cleanup.port import NatsPort
+from services.cleanup.requester import NatsRequester
 from shared import subjects
 from shared.contracts import ledger as c
 from shared.contracts import ledger_statuses as st
@@ -252,7 +252,7 @@ def test_a_reply_missing_a_field_or_of_another_type_fails_its_contract():
 async def test_the_cleanup_client_is_answered_200_on_every_subject_it_asks(ledger, nc, unique):
     run_id = f"cc{unique}"
     await _run_with_rows(ledger, run_id)
-    client = CleanupLedgerClient(NatsPort(nc), 5.0)
+    client = CleanupLedgerClient(NatsRequester(nc), 5.0)
     assert run_id in await client.candidates(3, 10)
     rows, shard, more = await client.claim(run_id, 3, 10, 60)
     assert (len(rows), shard, more) == (2, "uo1", False)

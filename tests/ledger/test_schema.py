@@ -10,7 +10,7 @@ from alembic.migration import MigrationContext
 from sqlmodel import SQLModel
 
 from services.ledger import migrate, tables  # noqa: F401  (tables registers the metadata)
-from shared.database import make_engine
+from services.ledger.engine import make_engine
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ import pytest
 from pydantic import BaseModel, Field
 
 from shared import subjects
-from shared.broker import add_health, make_app, make_broker
+from shared.broker import make_app, make_broker
+from shared.health import add_health
 from shared.settings import CommonSettings
 
 

@@ -20,7 +20,7 @@ import pytest
 from services.cleanup import giveback
 from services.cleanup.classify import Verdict
 from services.cleanup.ledger_client import LedgerClient, LedgerError
-from services.cleanup.port import NatsPort
+from services.cleanup.requester import NatsRequester
 from services.installer.refusals import Refused
 from services.installer.site_lock import SiteLock, open_bucket
 from shardbus import embedded
@@ -56,13 +56,13 @@ async def test_the_ledger_client_answers_503_in_every_shape_of_a_nats_outage(own
         for shape, conn in (("reconnecting", nc), ("buffer full", tiny)):
             started = time.monotonic()
             with pytest.raises(LedgerError) as raised:
-                await LedgerClient(NatsPort(conn), timeout_s=0.5).settle()
+                await LedgerClient(NatsRequester(conn), timeout_s=0.5).settle()
             assert raised.value.status == 503, (shape, raised.value)
             assert time.monotonic() - started < 2.0, shape
         with contextlib.suppress(Exception):  # nats-py's close of a disconnected client can raise
             await nc.close()
         with pytest.raises(LedgerError) as raised:
-            await LedgerClient(NatsPort(nc), timeout_s=0.5).candidates(3, 10)
+            await LedgerClient(NatsRequester(nc), timeout_s=0.5).candidates(3, 10)
         assert raised.value.status == 503 and "NATS is unreachable" in raised.value.sentence
     finally:
         for conn in (nc, tiny):
@@ -77,7 +77,7 @@ async def test_a_give_back_over_a_closed_connection_is_away(own_nats):
     nc = await client(own_nats.url)
     await nc.close()
     row = {"runId": "r1", "resourceId": 1, "module": "world", "kind": "creature", "ref": "0x1", "revert": {}}
-    outcome = await giveback.give_back(NatsPort(nc), row, "uo1", 0.5)
+    outcome = await giveback.give_back(NatsRequester(nc), row, "uo1", 0.5)
     assert outcome.verdict is Verdict.AWAY, outcome
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from shardbus import embedded
 from shardbus.process_stop import STOP_TIMEOUT_S
-from shared.broker import health_file_is_fresh
+from shared.health import health_file_is_fresh
 from tests.processes import ServiceProcesses
 
 SERVICE_SETTINGS = {

@@ -35,7 +35,7 @@ import pytest
 
 from shardbus import embedded, stack_env
 from shardbus.stack import WAIT_NOTICE_VARIABLE
-from shared.broker import health_file_is_fresh
+from shared.health import health_file_is_fresh
 from tests.system.up_process import start_command, start_up, stop_up, up_env
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from shared import subjects
-from shared.broker import health_file_is_fresh
+from shared.health import health_file_is_fresh
 from tests.system.up_process import start_up, stop_up, up_env
 
 
