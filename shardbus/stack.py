@@ -25,11 +25,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
 from typing import IO
 
 from shardbus import embedded, registry, stack_env
 from shardbus.process_stop import STOP_TIMEOUT_S
+from shared.errors import ShardbusError
 from shared.health import health_file_is_fresh
 
 DATABASE = "shardbus"
@@ -62,12 +64,16 @@ WAIT_NOTICE_EVERY_S = 5.0
 """Then it says it again this often, with the time waited so far."""
 
 
-class AlreadyRunning(Exception):
+class AlreadyRunning(ShardbusError):
     """Another ``shardbus up`` holds this state directory."""
 
+    status = HTTPStatus.CONFLICT
 
-class PortTaken(Exception):
+
+class PortTaken(ShardbusError):
     """A port asked for cannot be had; the message is the one line to print."""
+
+    status = HTTPStatus.CONFLICT
 
 
 def requested_port(flag: int | None, name: str) -> int:

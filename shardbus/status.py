@@ -35,6 +35,7 @@ from http import HTTPStatus
 from typing import Any
 
 from shardbus import registry
+from shared.errors import ShardbusError
 
 DEFAULT_WAIT_S = 1.0
 """How long replies of every replica are gathered: a replica slower than this is not counted."""
@@ -281,8 +282,10 @@ def render(status: dict[str, Any]) -> str:
 
 # --- the command -------------------------------------------------------------------------
 
-class StackNotRunning(Exception):
+class StackNotRunning(ShardbusError):
     """The env file of this directory's ``shardbus up`` names a stack that is not running."""
+
+    status = HTTPStatus.SERVICE_UNAVAILABLE
 
 
 def nats_address(nats_url: str, stack: Any) -> tuple[str, str]:

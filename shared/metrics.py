@@ -23,6 +23,8 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from shared.errors import ShardbusError
+
 if TYPE_CHECKING:
     from faststream import FastStream
     from faststream.nats import NatsBroker
@@ -137,7 +139,7 @@ def broker_connected(broker: NatsBroker) -> Callable[[], bool]:
     return connected
 
 
-class MetricsPortUnavailable(RuntimeError):
+class MetricsPortUnavailable(ShardbusError, RuntimeError):
     """The metrics endpoint cannot listen on its port: a setting to change, said as such."""
 
 

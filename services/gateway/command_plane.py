@@ -10,19 +10,19 @@ from http import HTTPStatus
 from typing import Any
 
 from services.gateway.reply_mapping import plane
+from shared.errors import ShardbusError
 from shared.subjects import is_safe_kind
 
 PROTOCOL_HEADER = "Shard-Protocol"
 """Request header in which a caller may state the protocol version it expects (else 409)."""
 
 
-class CommandRejected(Exception):
-    """The gateway answers the command itself, without asking the shard."""
+class CommandRejected(ShardbusError):
+    """The gateway answers the command itself, without asking the shard: ``status`` and the
+    ``sentence`` of the reply."""
 
-    def __init__(self, status: HTTPStatus, error: str) -> None:
-        super().__init__(error)
-        self.status = status
-        self.error = error
+    def __init__(self, status: HTTPStatus, sentence: str) -> None:
+        super().__init__(sentence, status)
 
 
 _REQ_PREFIX = uuid.uuid4().hex[:12]

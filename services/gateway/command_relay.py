@@ -84,7 +84,7 @@ class CommandRelay:
             self._check_room(link)
         except CommandRejected as exc:
             if reply:
-                await self._reply(link, reply, headers, verb, _error(exc.status, exc.error), exc.status)
+                await self._reply(link, reply, headers, verb, _error(exc.status, exc.sentence), exc.status)
             return
         req_id = command_plane.new_req_id()
         if reply:  # a command nobody waits for is sent all the same; nothing to answer
@@ -228,6 +228,6 @@ class CommandRelay:
             log.warning("could not answer a command", extra={"shard": link.shard, "verb": verb})
 
 
-def _error(status: HTTPStatus, error: str) -> bytes:
+def _error(status: int, error: str) -> bytes:
     """The gateway's own answer: ``{"status": N, "error": "…"}``."""
     return json.dumps({"status": status, "error": error}, ensure_ascii=False).encode()

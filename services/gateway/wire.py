@@ -9,17 +9,24 @@ import hmac
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
+from shared.errors import ShardbusError
 from shared.subjects import is_safe_kind, is_shard_id
 
 
-class LineTooLong(Exception):
-    """The shard sent a line longer than the configured cap."""
+class LineTooLong(ShardbusError):
+    """The shard sent a line longer than the configured cap (the link ends: docs/gateway.md)."""
+
+    status = HTTPStatus.REQUEST_ENTITY_TOO_LARGE
 
 
-class HelloRefused(Exception):
-    """The first line was not an acceptable ``server.hello``; the message says why."""
+class HelloRefused(ShardbusError):
+    """The first line was not an acceptable ``server.hello``; the message says why (the link
+    is refused: docs/gateway.md)."""
+
+    status = HTTPStatus.UNAUTHORIZED
 
 
 async def read_line(reader: asyncio.StreamReader, cap: int) -> bytes | None:

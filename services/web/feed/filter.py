@@ -8,8 +8,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 
 from shared.contracts.ids import SHARD_ID_PATTERN
+from shared.errors import ShardbusError
 
 TYPES = ("frame", "board", "ledger")
 """The kinds of event on the feed."""
@@ -28,8 +30,10 @@ _SEQUENCE = re.compile(r"[0-9]{1,19}")
 MAX_SEQUENCE = 2 ** 63 - 1
 
 
-class FeedQueryError(ValueError):
+class FeedQueryError(ShardbusError, ValueError):
     """A query value the feed refuses; the message names the parameter and the value."""
+
+    status = HTTPStatus.BAD_REQUEST
 
 
 def shown(value: str) -> str:

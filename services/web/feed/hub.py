@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 from services.web.feed.fanout import FeedGroup, Member
@@ -27,6 +28,7 @@ from services.web.feed.reader import FeedReader
 from services.web.feed.stream import FeedEvent, FeedStream
 from services.web.settings import WebSettings
 from shared import subjects
+from shared.errors import ShardbusError
 
 log = logging.getLogger("shardbus.web.feed")
 
@@ -37,12 +39,16 @@ CLOSE_GRACE_S = 5.0
 """At least this long a dropped client gets to take the close (or SSE's ``event: dropped``)."""
 
 
-class TooSlow(Exception):
+class TooSlow(ShardbusError):
     """The client took nothing for too long while events waited."""
 
+    status = HTTPStatus.SERVICE_UNAVAILABLE
 
-class FeedFull(Exception):
+
+class FeedFull(ShardbusError):
     """The door serves as many feed clients as it may (503)."""
+
+    status = HTTPStatus.SERVICE_UNAVAILABLE
 
 
 @dataclass

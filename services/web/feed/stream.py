@@ -21,6 +21,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
+from http import HTTPStatus
 from typing import Any
 
 from nats.aio.client import Client
@@ -28,6 +29,7 @@ from nats.aio.client import Client
 from services.web.settings import WebSettings
 from shared import subjects
 from shared.contracts.ids import is_shard_id
+from shared.errors import ShardbusError
 
 log = logging.getLogger("shardbus.web.feed")
 
@@ -44,8 +46,10 @@ STREAM_NOT_FOUND = 10059
 STREAM_NAME_IN_USE = 10058
 
 
-class FeedUnavailable(Exception):
+class FeedUnavailable(ShardbusError):
     """The feed stream cannot be reached or made now (NATS away, permissions)."""
+
+    status = HTTPStatus.SERVICE_UNAVAILABLE
 
 
 @dataclass(frozen=True, slots=True)

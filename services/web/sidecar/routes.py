@@ -27,6 +27,7 @@ from services.web.sidecar.fast import Table
 from services.web.sidecar.reply import NO_REPLY, NOT_CONNECTED, board_answer, command_answer
 from shared import subjects
 from shared.contracts.ids import is_shard_id
+from shared.errors import ShardbusError
 
 PROTOCOL_HEADER = "Shard-Protocol"
 """Passed on to the gateway: a shard speaking another protocol answers 409."""
@@ -96,8 +97,10 @@ BOARDS: tuple[str, ...] = ("guilds", "market", "houses", "champions", "news", "r
 """``GET /<board>``: the sidecar's boards and shardbus's houses, champions, news (docs/web.md, "Boards")."""
 
 
-class BodyError(Exception):
+class BodyError(ShardbusError):
     """The request body cannot be a command's body."""
+
+    status = HTTPStatus.BAD_REQUEST
 
 
 def command_body(route: Route, value: Any, path_value: str | None, query: dict[str, str]) -> dict[str, Any]:
