@@ -143,42 +143,56 @@ class Reconciler:
             part.skipped += sum(1 for row in run_rows if row.get("kind") not in WORLD_KINDS | {LEASE_KIND})
             try:
                 if kinds & WORLD_KINDS:
-                    present = [serial for serial in await self._world_owned(shard, run_id) if _may_be_ref(serial)]
-                    for kind in sorted(WORLD_KINDS.intersection(kinds)):
-                        part.orphaned += await self.ledger.reconcile(module, run_id, kind, present)
+                    await self._world_rows(module, run_id, shard, kinds, part)
                 if LEASE_KIND in kinds:
-                    if shard not in holds:
-                        try:
-                            holds[shard] = await self._lease_holds(shard)
-                        except Unanswered as exc:
-                            holds[shard] = exc
-                    shard_holds = holds[shard]
-                    if isinstance(shard_holds, Unanswered):
-                        raise Unanswered(str(shard_holds))
-                    present, expired = [], []
-                    for row in run_rows:
-                        if row.get("kind") != LEASE_KIND:
-                            continue
-                        if row.get("revertOmitted") is not None:
-                            # Its revert (written before the ledger's cap) was too large to be
-                            # sent: without its key and target it cannot be matched to a hold,
-                            # and "not found" would orphan it on no evidence. Left as it is.
-                            present.append(row["ref"])
-                            part.skipped += 1
-                            continue
-                        hold = _hold_of(row, run_id, shard_holds)
-                        if hold is not None:
-                            present.append(row["ref"])
-                            if hold.get("expired") is True:
-                                expired.append(row["ref"])
-                    # Expired first: a row the game ended on time is never orphaned, not even
-                    # for a moment (the reconcile below leaves it alone, being listed present).
-                    for ref in expired:
-                        part.expired += await self.ledger.expired(module, LEASE_KIND, ref)
-                    part.orphaned += await self.ledger.reconcile(module, run_id, LEASE_KIND, present)
+                    await self._lease_rows(module, run_id, shard, run_rows, await self._holds_once(shard, holds), part)
             except Unanswered as exc:
                 part.unanswered += 1
                 report.unanswered.append({"module": module, "runId": run_id, "shard": shard, "reason": str(exc)})
+
+    async def _world_rows(self, module: str, run_id: str, shard: str, kinds: set[Any], part: ModuleReport) -> None:
+        """A run's world objects: those the shard no longer says it owns are orphaned."""
+        present = [serial for serial in await self._world_owned(shard, run_id) if _may_be_ref(serial)]
+        for kind in sorted(WORLD_KINDS.intersection(kinds)):
+            part.orphaned += await self.ledger.reconcile(module, run_id, kind, present)
+
+    async def _holds_once(self, shard: str, holds: dict[str, list[dict[str, Any]] | Unanswered]
+                          ) -> list[dict[str, Any]]:
+        """The shard's lease holds, asked once a module (an unanswered ask is remembered too)."""
+        if shard not in holds:
+            try:
+                holds[shard] = await self._lease_holds(shard)
+            except Unanswered as exc:
+                holds[shard] = exc
+        shard_holds = holds[shard]
+        if isinstance(shard_holds, Unanswered):
+            raise Unanswered(str(shard_holds))
+        return shard_holds
+
+    async def _lease_rows(self, module: str, run_id: str, shard: str, run_rows: list[dict[str, Any]],
+                          shard_holds: list[dict[str, Any]], part: ModuleReport) -> None:
+        """A run's leases against the shard's holds: expired ones marked, unheld ones orphaned."""
+        present, expired = [], []
+        for row in run_rows:
+            if row.get("kind") != LEASE_KIND:
+                continue
+            if row.get("revertOmitted") is not None:
+                # Its revert (written before the ledger's cap) was too large to be sent: without
+                # its key and target it cannot be matched to a hold, and "not found" would orphan
+                # it on no evidence. Left as it is.
+                present.append(row["ref"])
+                part.skipped += 1
+                continue
+            hold = _hold_of(row, run_id, shard_holds)
+            if hold is not None:
+                present.append(row["ref"])
+                if hold.get("expired") is True:
+                    expired.append(row["ref"])
+        # Expired first: a row the game ended on time is never orphaned, not even for a moment
+        # (the reconcile below leaves it alone, being listed present).
+        for ref in expired:
+            part.expired += await self.ledger.expired(module, LEASE_KIND, ref)
+        part.orphaned += await self.ledger.reconcile(module, run_id, LEASE_KIND, present)
 
     async def _ask(self, shard: str, verb: str, payload: dict[str, Any], kind: str) -> dict[str, Any]:
         """The body of a 200 answer of ``kind``, or :class:`Unanswered`."""
