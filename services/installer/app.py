@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from faststream import FastStream
+from faststream.nats import NatsBroker
 from pydantic import ValidationError
 
 from services.installer import metrics
@@ -59,75 +60,86 @@ def create_app(settings: InstallerSettings | None = None) -> FastStream:
     settings = settings or InstallerSettings()
     broker = make_broker(settings, "installer", error_replies={Refused: _refused_reply})
     app = make_app(broker, "installer")
-    fetcher = Fetcher(settings.allowed_hosts(), ca_file=settings.installer_ca_file,
-                      timeout_s=settings.fetch_timeout_s, attempts=settings.fetch_attempts,
-                      retry_wait_s=settings.fetch_retry_wait_s)
-    state: dict[str, SiteInstaller] = {}
-    replica = connection_name("installer")  # in every reply: which replica acted
-    tasks: list[asyncio.Task[None]] = []
+    service = InstallerService(broker, settings)
+    app.on_startup(service.ensure_modules_dir)
+    app.after_startup(service.open_site)
+    app.on_shutdown(service.close)
+    workers = settings.install_concurrency
+    broker.subscriber(subjects.INSTALLER_INSTALL, queue=c.QUEUE, max_workers=workers)(service.install)
+    broker.subscriber(subjects.INSTALLER_REMOVE, queue=c.QUEUE, max_workers=workers)(service.remove)
+    # installer.list reads no body (c.ListRequest has no field): whatever is sent is answered.
+    broker.subscriber(subjects.INSTALLER_LIST, queue=c.QUEUE)(service.list_modules)
+    add_health(app, broker, "installer", settings)
+    serve_metrics(app, broker, "installer", settings, metrics.collector(lambda: service.site, service.fetcher))
+    return app
 
-    def installer() -> SiteInstaller:
-        if "installer" not in state:
+
+class InstallerService:
+    """The installer's three requests and its life: the site opened once NATS is connected (its
+    lock bucket), the declared modules applied in the background, the fetcher closed at the end."""
+
+    def __init__(self, broker: NatsBroker, settings: InstallerSettings) -> None:
+        self.broker, self.settings = broker, settings
+        self.fetcher = Fetcher(settings.allowed_hosts(), ca_file=settings.installer_ca_file,
+                               timeout_s=settings.fetch_timeout_s, attempts=settings.fetch_attempts,
+                               retry_wait_s=settings.fetch_retry_wait_s)
+        self.site: SiteInstaller | None = None
+        self.replica = connection_name("installer")  # in every reply: which replica acted
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def installer(self) -> SiteInstaller:
+        if self.site is None:
             raise Refused(HTTPStatus.SERVICE_UNAVAILABLE, "the installer is still starting; try again in a moment")
-        return state["installer"]
+        return self.site
 
-    @app.on_startup
-    async def ensure_modules_dir() -> None:
-        await asyncio.to_thread(Path(settings.modules_dir).mkdir, parents=True, exist_ok=True)
+    async def ensure_modules_dir(self) -> None:
+        await asyncio.to_thread(Path(self.settings.modules_dir).mkdir, parents=True, exist_ok=True)
 
-    @app.after_startup
-    async def open_site() -> None:
-        kv = await open_bucket(broker.connection.jetstream(), settings.installer_lock_bucket,
+    async def open_site(self) -> None:
+        settings = self.settings
+        kv = await open_bucket(self.broker.connection.jetstream(), settings.installer_lock_bucket,
                                settings.installer_lock_lease_s, settings.jetstream_replicas)
         lock = SiteLock(kv, settings.installer_site, wait_s=settings.installer_lock_wait_s,
                         lease_s=settings.installer_lock_lease_s)
-        state["installer"] = SiteInstaller(settings, fetcher, lock)
+        self.site = SiteInstaller(settings, self.fetcher, lock)
         # Declared modules are applied in the background: a slow or failing source never
         # keeps the service from starting.
-        tasks.append(asyncio.create_task(installer().apply_declared(settings.declared_urls())))
+        self.tasks.append(asyncio.create_task(self.site.apply_declared(settings.declared_urls())))
 
-    @app.on_shutdown
-    async def close() -> None:
-        for task in tasks:
+    async def close(self) -> None:
+        for task in self.tasks:
             task.cancel()
-        fetcher.close()
+        self.fetcher.close()
 
-    @broker.subscriber(subjects.INSTALLER_INSTALL, queue=c.QUEUE, max_workers=settings.install_concurrency)
-    async def install(request: InstallRequest) -> dict[str, Any]:
+    async def install(self, request: InstallRequest) -> dict[str, Any]:
         async def progress(stage: c.Stage, done: int, total: int | None) -> None:
-            if request.request_id is not None:
-                await broker.publish(_wire(c.ProgressEvent, request_id=request.request_id, stage=stage, done=done,
-                                           total=total), subjects.installer_progress(request.request_id))
+            if (request_id := request.request_id) is not None:
+                event = _wire(c.ProgressEvent, request_id=request_id, stage=stage, done=done, total=total)
+                await self.broker.publish(event, subjects.installer_progress(request_id))
 
         try:
-            result = await installer().install(request.url, progress)
+            result = await self.installer().install(request.url, progress)
         except Refused as exc:
             # On the server too, not only in the reply: a sha256 mismatch may be tampering.
             log.warning("install refused", extra={"url": redact(request.url), "status": exc.status,
                                                   "reason": exc.sentence})
             raise
         if result["action"] != "unchanged":
-            await broker.publish(_wire(c.InstalledEvent, type=result["action"], module=result["module"],
-                                       previous=result["previous"]), subjects.INSTALLER_EVENTS)
-        return _wire(c.InstallReply, status=HTTPStatus.OK, **result, replica=replica)
+            await self.broker.publish(_wire(c.InstalledEvent, type=result["action"], module=result["module"],
+                                            previous=result["previous"]), subjects.INSTALLER_EVENTS)
+        return _wire(c.InstallReply, status=HTTPStatus.OK, **result, replica=self.replica)
 
-    @broker.subscriber(subjects.INSTALLER_REMOVE, queue=c.QUEUE, max_workers=settings.install_concurrency)
-    async def remove(request: RemoveRequest) -> dict[str, Any]:
+    async def remove(self, request: RemoveRequest) -> dict[str, Any]:
         try:
-            result = await installer().remove(request.id)
+            result = await self.installer().remove(request.id)
         except Refused as exc:
             log.warning("remove refused", extra={"module_id": request.id[:64], "status": exc.status,
                                                  "reason": exc.sentence})
             raise
-        await broker.publish(_wire(c.RemovedEvent, type="removed", module=result["removed"]), subjects.INSTALLER_EVENTS)
-        return _wire(c.RemoveReply, status=HTTPStatus.OK, **result, replica=replica)
+        await self.broker.publish(_wire(c.RemovedEvent, type="removed", module=result["removed"]),
+                                  subjects.INSTALLER_EVENTS)
+        return _wire(c.RemoveReply, status=HTTPStatus.OK, **result, replica=self.replica)
 
-    # installer.list reads no body (c.ListRequest has no field): whatever is sent is answered.
-    @broker.subscriber(subjects.INSTALLER_LIST, queue=c.QUEUE)
-    async def list_modules() -> dict[str, Any]:
-        return _wire(c.ListReply, status=HTTPStatus.OK, modules=installer().modules(),
-                     declared=installer().declared)
-
-    add_health(app, broker, "installer", settings)
-    serve_metrics(app, broker, "installer", settings, metrics.collector(lambda: state.get("installer"), fetcher))
-    return app
+    async def list_modules(self) -> dict[str, Any]:
+        return _wire(c.ListReply, status=HTTPStatus.OK, modules=self.installer().modules(),
+                     declared=self.installer().declared)
