@@ -133,6 +133,19 @@ def claim_port(port: int, host: str = "127.0.0.1") -> bool:
     return _claim(port, host, again=True)
 
 
+def hold_port(port: int) -> None:
+    """Make this process the holder of ``port``'s claim (a port asked for, which it is about to
+    listen on): whoever drew it hands it over, and a later start of this state directory takes
+    it back once this process is gone (:func:`claim_port`)."""
+    if port < 10000 or port >= _ephemeral_range()[0]:
+        return
+    folder = _reservations()
+    folder.mkdir(mode=0o700, exist_ok=True)
+    with open(folder / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        (folder / str(port)).write_text(str(os.getpid()))
+
+
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     """Whether a server could listen on ``host:port`` now. SO_REUSEADDR as the servers set it:
     connections of a stopped server still in TIME_WAIT do not make its port taken."""

@@ -278,6 +278,8 @@ class Stack:
         """Choose every port before anything starts: the one asked for (taken: :class:`PortTaken`),
         else the previous start's when it is free, else a free one; keep the choice in
         ``ports.json`` for the next start."""
+        # shape: one pass over every port in the order they must be chosen (asked, previous, fresh), each
+        # rule needing what the ones before took.
         asked = {"nats": self.nats_port, "nats_ws": self.nats_ws_port, "shard": self.shard_port,
                  "web": self.web_port, "postgres": self.postgres_port, "metrics": self.metrics_port}
         counts = {"nats": self.nats_nodes, "nats_ws": self.nats_nodes, "shard": self.replicas["gateway"],
@@ -300,6 +302,7 @@ class Stack:
                     if not embedded.port_is_free(port):
                         raise PortTaken(f"port {port} ({label}, {what}) is taken: something already listens on "
                                         f"127.0.0.1:{port}; stop it or choose another ({name}=…)")
+                    embedded.hold_port(port)  # ours now: the next start may take it back
                 else:
                     before = previous.get(key, [])
                     old = before[i] if i < len(before) else 0
@@ -321,6 +324,8 @@ class Stack:
         """Start servers, migrate, start every service; return once all are healthy."""
         from services.ledger import migrate  # the CLI may import services; shared may not
 
+        # shape: the start's steps in the order they happen (servers, database, migrations, children),
+        # read top to bottom as the operator sees them printed.
         logs = self.state_dir / "logs"
         run = self.state_dir / "run"
         logs.mkdir(exist_ok=True)

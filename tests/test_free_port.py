@@ -66,3 +66,21 @@ def test_two_processes_drawing_at_once_never_get_the_same_port(tmp_path, monkeyp
             other.kill()
             other.wait(timeout=30)
     assert embedded.claim_port(taken_back)  # a restart takes back what its dead self drew
+
+
+def test_a_port_asked_for_is_handed_to_the_process_that_listens(tmp_path, monkeypatch):
+    """A test draws ports and asks ``shardbus up`` for them; the next start of that state
+    directory, asked for nothing, keeps them: the claim went to the first start, now gone."""
+    import os
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(embedded, "_reservations", lambda: tmp_path / f"shardbus-ports-{os.getuid()}")
+    port = embedded.free_port()  # claimed by this (living) process
+    holder = subprocess.run([sys.executable, "-c", f"from shardbus import embedded; embedded.hold_port({port})"],
+                            env={**os.environ, "TMPDIR": str(tmp_path)}, timeout=30)
+    assert holder.returncode == 0
+    again = f"from shardbus import embedded; print(embedded.claim_port({port}))"
+    reclaim = subprocess.run([sys.executable, "-c", again], env={**os.environ, "TMPDIR": str(tmp_path)},
+                             capture_output=True, text=True, timeout=30)
+    assert reclaim.stdout.strip() == "True"
