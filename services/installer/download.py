@@ -286,6 +286,7 @@ class Fetcher:
         check_url(url, self.allowed_hosts, "artifact")
 
         def attempt() -> tuple[str, int]:
+            # shape: one streamed read: the cap, the digest, the sink and the progress for each chunk.
             digest = hashlib.sha256()
             sink = make_sink()
             piece: list[bytes] = []  # the network's reads (a TLS record, 16 KiB) gathered into ~READ_BYTES

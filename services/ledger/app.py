@@ -81,77 +81,85 @@ def create_app(settings: LedgerSettings | None = None) -> FastStream:
     broker = make_broker(settings, "ledger", error_replies=ERROR_REPLIES,
                          count_replies=CountReplies(replies, metrics.subject_label))
     app = make_app(broker, "ledger")
-    db = Database(settings.database_url, settings.db_pool_size)
-    relays: list[OutboxRelay] = []
-    watchers: list[asyncio.Task[None]] = []
+    ledger = LedgerService(broker, settings)
     # The hot subjects are served on nats-py (dispatcher.py) but documented with the rest: on a
     # broker that is only in the AsyncAPI document, never connected or started.
     document = NatsBroker(settings.nats_servers())
-    hot_actions = HotActions(db, Batching(settings.ledger_batch_max, settings.ledger_batches_in_flight))
+    reach = Reach(ledger.db, ledger.hot_actions, lambda: broker.connection.max_payload)
+    hot = register_handlers(broker, reach, settings.ledger_concurrency, ledger.committed, document)
+    ledger.dispatcher = Dispatcher(hot, subjects.LEDGER_QUEUE, error_handlers(ERROR_REPLIES),
+                                   pending_max=settings.ledger_pending_max)
+    app.schema.add_broker(document)
+    ledger.meters = metrics.LedgerMeters(ledger.db, ledger.dispatcher, ledger.hot_actions, ledger.relays, replies)
+    serve_metrics(app, broker, "ledger", settings, metrics.collector(ledger.meters))
+    app.on_startup(ledger.bring_schema_forward)
+    app.after_startup(ledger.relay_events)
+    app.on_shutdown(ledger.stop_serving)
+    app.on_shutdown(ledger.stop_relay)
+    app.after_shutdown(ledger.db.close)
+    add_health(app, broker, "ledger", settings, ledger.details)
+    return app
 
-    def committed(changes: list[Change]) -> None:
+
+class LedgerService:
+    """One ledger process's life: the schema brought forward and the hot subjects subscribed at
+    start, the outbox relay and the lease watch after it, each stopped in turn at the end."""
+
+    dispatcher: Dispatcher
+    meters: metrics.LedgerMeters
+
+    def __init__(self, broker: NatsBroker, settings: LedgerSettings) -> None:
+        self.broker, self.settings = broker, settings
+        self.db = Database(settings.database_url, settings.db_pool_size)
+        self.hot_actions = HotActions(self.db, Batching(settings.ledger_batch_max, settings.ledger_batches_in_flight))
+        self.relays: list[OutboxRelay] = []
+        self.watchers: list[asyncio.Task[None]] = []
+
+    def committed(self, changes: list[Change]) -> None:
+        """A request committed ``changes``: their events wait in the run log; wake the relay."""
         if changes:
-            for relay in relays:
+            for relay in self.relays:
                 relay.wake()
 
-    reach = Reach(db, hot_actions, lambda: broker.connection.max_payload)
-    hot = register_handlers(broker, reach, settings.ledger_concurrency, committed, document)
-    dispatcher = Dispatcher(hot, subjects.LEDGER_QUEUE, error_handlers(ERROR_REPLIES),
-                            pending_max=settings.ledger_pending_max)
-    app.schema.add_broker(document)
-    meters = metrics.LedgerMeters(db, dispatcher, hot_actions, relays, replies)
-    serve_metrics(app, broker, "ledger", settings, metrics.collector(meters))
-
-    @app.on_startup
-    async def bring_schema_forward() -> None:
+    async def bring_schema_forward(self) -> None:
+        settings = self.settings
         if settings.migrate_on_start:
             revision = await migrate.upgrade(settings.database_url)
-            log.info("schema ready", extra={"revision": revision,
-                                            "database": safe_url(settings.database_url)})
-        await db.open()
-        meters.loop = asyncio.get_running_loop()
+            log.info("schema ready", extra={"revision": revision, "database": safe_url(settings.database_url)})
+        await self.db.open()
+        self.meters.loop = asyncio.get_running_loop()
         # Subscribed before FastStream's subscribers (and the health subject) start, so a ledger
         # that answers its health already serves every subject.
-        await dispatcher.start(await broker.connect())
+        await self.dispatcher.start(await self.broker.connect())
 
-    @app.after_startup
-    async def relay_events() -> None:
+    async def relay_events(self) -> None:
         # Events wait in the run log until the stream takes them: a refusal (permissions, no
         # JetStream) is logged, and the relay keeps trying.
+        connection = self.broker.connection
         try:
-            await declare_events_stream(broker.connection.jetstream(), settings.jetstream_replicas,
-                                        settings.events_duplicate_window_s)
+            await declare_events_stream(connection.jetstream(), self.settings.jetstream_replicas,
+                                        self.settings.events_duplicate_window_s)
         except Exception as exc:  # noqa: BLE001  (any refusal: the events wait in the run log)
             log.warning("ledger events stream not declared; run events wait in the run log",
                         extra={"stream": subjects.LEDGER_EVENTS_STREAM, "reason": repr(exc)})
-        relay = OutboxRelay(db.url, broker.connection)
+        relay = OutboxRelay(self.db.url, connection)
         relay.start()
-        relays.append(relay)
+        self.relays.append(relay)
+        self.watchers.append(asyncio.create_task(watch_leases(self.db, self.settings.lease_check_period_s),
+                                                 name="ledger-lease-watch"))
 
-        watchers.append(asyncio.create_task(watch_leases(db, settings.lease_check_period_s),
-                                            name="ledger-lease-watch"))
+    async def stop_serving(self) -> None:
+        await self.dispatcher.stop()
 
-    @app.on_shutdown
-    async def stop_serving() -> None:
-        await dispatcher.stop()
-
-    @app.on_shutdown
-    async def stop_relay() -> None:
-        for task in watchers:
+    async def stop_relay(self) -> None:
+        for task in self.watchers:
             await stop_task(task)
-        for relay in relays:
+        for relay in self.relays:
             await relay.stop()
 
-    @app.after_shutdown
-    async def close_database() -> None:
-        await db.close()
-
-    def details() -> dict[str, Any]:
-        return {"hot": {subject: stats.as_dict() for subject, stats in dispatcher.stats.items()},
-                "coalescers": hot_actions.stats()}
-
-    add_health(app, broker, "ledger", settings, details)
-    return app
+    def details(self) -> dict[str, Any]:
+        return {"hot": {subject: stats.as_dict() for subject, stats in self.dispatcher.stats.items()},
+                "coalescers": self.hot_actions.stats()}
 
 
 async def watch_leases(db: Database, period_s: float) -> None:

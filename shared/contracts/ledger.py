@@ -168,6 +168,7 @@ def rendered_size(value: Any, limit: int | None = None) -> int:
     UTF-8, escapes as it writes them, numbers without exponents): what a reply carrying it
     spends. ValueError for what jsonb cannot hold (NaN, NUL, lone surrogates) or nesting
     deeper than :data:`JSON_DEPTH_MAX`; stops counting once past ``limit``."""
+    # shape: one iterative walk rather than recursion: a hostile body nests as deep as it likes.
     total = 0
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:

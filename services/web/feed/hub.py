@@ -160,6 +160,8 @@ class FeedHub:
                     keepalive: Callable[[], Awaitable[None]] | None, gone: Callable[[], Coroutine[Any, Any, None]],
                     chunk_bytes: int = 0) -> str | None:
         """Stream to the client until it goes (None) or is dropped (the reason)."""
+        # shape: one client's three tasks (read, pump, watchdog) share its state, and the outcome reads
+        # them together: whole, the drop reasons sit beside what causes them.
         assert client.reader is not None or client.member is not None
         stall = self.settings.web_feed_stall_s
 
