@@ -22,15 +22,29 @@ def _cmd_shard_sim(args: argparse.Namespace) -> int:
               "without the shard token (make up prints it as SHARD_TOKEN=)", file=sys.stderr)
         return 2
     host, _, port = args.addr.rpartition(":")
+    tls = None
+    if args.tls_ca:  # TLS to the gateway (docs/gateway.md, "TLS")
+        from shared.tls import TLSConfigError, client_context
+        try:
+            tls = client_context(args.tls_ca, args.tls_cert, args.tls_key)
+        except TLSConfigError as exc:
+            print(f"shardbus shard-sim: {exc}", file=sys.stderr)
+            return 2
+    elif args.tls_cert:
+        print("shardbus shard-sim: --tls-cert needs --tls-ca (the CA that signed the gateway's certificate)",
+              file=sys.stderr)
+        return 2
     world = ShardWorld(save_interval_s=args.save_interval, spawn_ceiling=args.spawn_ceiling,
                        event_plane_enabled=not args.event_plane_disabled)
-    sim = ShardSimulator(host or "127.0.0.1", int(port), args.shard, token, world=world)
+    sim = ShardSimulator(host or "127.0.0.1", int(port), args.shard, token, world=world, tls=tls,
+                         server_hostname=args.tls_server_name or None)
     try:
         asyncio.run(sim.run_forever())
     except KeyboardInterrupt:
         return 0
-    # run_forever returns only when the gateway refused the hello, and said why.
-    print(f"shardbus shard-sim: the gateway refused the hello: {sim.refused}", file=sys.stderr)
+    # run_forever returns only when the gateway refused the hello, and said why, or its certificate was refused.
+    print(f"shardbus shard-sim: the gateway refused the hello: {sim.refused}" if "certificate" not in str(sim.refused)
+          else f"shardbus shard-sim: {sim.refused}", file=sys.stderr)
     return 1
 
 
@@ -43,4 +57,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sim.add_argument("--save-interval", type=int, default=300, help="seconds between allowed world saves")
     sim.add_argument("--spawn-ceiling", type=int, default=30, help="most objects of one kind one world.spawn may place")
     sim.add_argument("--event-plane-disabled", action="store_true", help="refuse every event-plane verb")
+    sim.add_argument("--tls-ca", default="", help="dial TLS, verifying the gateway with this CA file (PEM)")
+    sim.add_argument("--tls-cert", default="", help="the shard's client certificate (PEM; with --tls-ca), for a "
+                                                    "gateway with SHARDBUS_SHARD_TLS_CA")
+    sim.add_argument("--tls-key", default="", help="the key of --tls-cert (PEM), if not in that file")
+    sim.add_argument("--tls-server-name", default="", help="the name the gateway's certificate must carry "
+                                                           "(default: the host of --addr)")
     sim.set_defaults(func=_cmd_shard_sim)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 import time
 from collections import Counter
 from typing import Any
@@ -38,8 +39,12 @@ class ShardSimulator:
 
     def __init__(self, host: str, port: int, shard: str, token: str, *, protocol: int = PROTOCOL,
                  world: ShardWorld | None = None, sequenced: bool = False, first_seq: int | None = None,
-                 answer_pings: bool = True, max_line: int = 16 * 1024 * 1024) -> None:
+                 answer_pings: bool = True, max_line: int = 16 * 1024 * 1024,
+                 tls: ssl.SSLContext | None = None, server_hostname: str | None = None) -> None:
         self.host, self.port, self.shard, self.token = host, port, shard, token
+        self.tls, self.server_hostname = tls, server_hostname
+        """TLS to the gateway (docs/gateway.md, "TLS"): the context verifying it (and presenting
+        the shard's certificate), and the name to verify (default: ``host``)."""
         self.protocol = protocol
         self.world = world or ShardWorld()
         self.sequenced = sequenced
@@ -56,6 +61,8 @@ class ShardSimulator:
         self.received: list[dict[str, Any]] = []
         self.news: list[dict[str, Any]] = []
         self.refused: str | None = None
+        self.tls_error: str | None = None
+        """The TLS alert the gateway closed the connection with (OpenSSL's reason), if it did."""
         """Why the gateway refused the hello, when it said so before closing."""
         self._done: dict[str, dict[str, Any]] = {}
         self._in_flight: set[str] = set()
@@ -75,7 +82,9 @@ class ShardSimulator:
     async def connect(self, timeout: float = 5.0) -> None:
         """Dial the gateway, say hello and resend every frame not yet acknowledged."""
         reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(self.host, self.port, limit=self.max_line), timeout)
+            asyncio.open_connection(self.host, self.port, limit=self.max_line, ssl=self.tls,
+                                    server_hostname=(self.server_hostname or self.host) if self.tls else None,
+                                    ssl_handshake_timeout=timeout if self.tls else None), timeout)
         self._writer = writer
         self.disconnected.clear()
         hello = {"t": _now_ms(), "kind": "server.hello", "shard": self.shard,
@@ -166,6 +175,9 @@ class ShardSimulator:
                 self._dispatch(message)
         except (ConnectionError, asyncio.LimitOverrunError, ValueError):
             pass
+        except ssl.SSLError as exc:  # the gateway's alert: TLS 1.3 checks our certificate after our side is done
+            self.tls_error = f"{exc.reason or exc}"
+            log.warning("the gateway ended the TLS connection", extra={"reason": self.tls_error})
         finally:
             self.disconnected.set()
 
@@ -284,6 +296,11 @@ class ShardSimulator:
                               extra={"shard": self.shard, "reason": self.refused})
                     return
                 log.warning("connection lost; dialling again", extra={"shard": self.shard})
+            except ssl.SSLCertVerificationError as exc:  # a wrong CA or name: dialling again changes nothing
+                self.refused = f"the gateway's certificate was refused: {exc.verify_message or exc.reason}"
+                log.error("the gateway's certificate was refused; not dialling again",
+                          extra={"shard": self.shard, "reason": self.refused})
+                return
             except (OSError, TimeoutError) as exc:
                 log.warning("cannot reach the gateway", extra={"reason": repr(exc)})
             await asyncio.sleep(retry_s)

@@ -4,7 +4,9 @@ and the AsyncAPI declarations."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import signal
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -66,6 +68,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastStream:
         running.stack = AsyncExitStack()
         serving = await running.stack.enter_async_context(serve(broker.connection, settings))
         running.gateway, running.serving = serving.gateway, serving
+        if serving.gateway.tls is not None:  # a renewed certificate, without a restart (docs/gateway.md, "TLS")
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, serving.gateway.reload_tls)
         # Everything loaded so far (modules, FastStream, pydantic: most of the heap) lives as long
         # as the process: out of the collector's sight, a full collection no longer walks it.
         # And full collections are made rarer: each walks every shard's connection, buffers and

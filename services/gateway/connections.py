@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 import time
 from typing import cast
 
@@ -21,12 +22,14 @@ from nats.aio.msg import Msg
 from services.gateway.board_store import direct, news_line
 from services.gateway.command_relay import CommandRelay
 from services.gateway.counts import GatewayCounts
+from services.gateway.handshake import HandshakeRefused, handshake
 from services.gateway.intake import FrameIntake, Spawn
 from services.gateway.line_reader import ShardLines
 from services.gateway.link import ShardLink
 from services.gateway.settings import GatewaySettings
 from services.gateway.wire import Hello, HelloRefused, LineTooLong, check_hello, read_line
 from shared import asyncio_internals, subjects
+from shared.tls import ReloadingServerContext
 
 log = logging.getLogger("shardbus.gateway")
 
@@ -40,10 +43,14 @@ class Connections:
 
     def __init__(self, nc: Client, settings: GatewaySettings, line_cap: int, links: dict[str, ShardLink],
                  intake: FrameIntake, commands: CommandRelay, spawn: Spawn,
-                 counts: GatewayCounts | None = None) -> None:
+                 counts: GatewayCounts | None = None, tls: ReloadingServerContext | None = None) -> None:
         self.nc, self.settings, self.line_cap = nc, settings, line_cap
         self.links, self.intake, self.commands, self.spawn = links, intake, commands, spawn
         self.counts = counts or GatewayCounts()
+        self.tls = tls
+        """The listener's TLS (docs/gateway.md, "TLS"); None: plain TCP."""
+        self.opening = 0
+        """Connections accepted that are not a link yet (in their handshake or before their hello)."""
 
     def token_for(self, shard: str) -> str:
         """The token ``shard`` must present: its own if configured, else the common one."""
@@ -51,13 +58,16 @@ class Connections:
         return (own or self.settings.shard_token).get_secret_value()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One TCP connection from hello to close."""
+        """One TCP connection from (TLS handshake and) hello to close."""
         peer = str(writer.get_extra_info("peername"))
         link: ShardLink | None = None
         why = "the shard closed the connection"
+        self.opening += 1
+        opening = True
         try:
-            first = await asyncio.wait_for(read_line(reader, self.line_cap),
-                                           self.settings.hello_timeout_s)
+            first = await self._opening(reader, writer)
+            self.opening -= 1
+            opening = False
             if first is None:
                 return
             hello = check_hello(first, self.token_for)
@@ -66,18 +76,44 @@ class Connections:
         except HelloRefused as exc:
             log.warning("hello refused", extra={"peer": peer, "reason": str(exc)})
             self.counts.frame_out(HELLO_REFUSED)
+            self.counts.refused("hello_refused")
             await _tell_refused(writer, str(exc))
-        except (LineTooLong, TimeoutError, ConnectionError) as exc:
+        except HandshakeRefused as exc:  # logged once, here: the connection ends with it
+            log.warning("TLS handshake refused", extra={"peer": peer, "reason": str(exc), "refusal": exc.label})
+            self.counts.refused(exc.label)
+        except (LineTooLong, TimeoutError, ConnectionError, ssl.SSLError) as exc:  # SSLError: a bad record
             why = str(exc) or type(exc).__name__
             if link is None:  # a link's end is logged once, as "shard disconnected"
                 log.warning("connection closed", extra={"peer": peer, "reason": why})
+                if isinstance(exc, LineTooLong):
+                    self.counts.refused("hello_too_long")
         except Exception as exc:  # a bug ends this connection only, logged with its trace
             why = f"the gateway failed: {exc!r}"
             log.exception("connection failed", extra={"peer": peer})
         finally:
+            if opening:
+                self.opening -= 1
             if link is not None:
                 await self.detach(link, link.ending or why)
             writer.close()
+
+    async def _opening(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes | None:
+        """The TLS handshake (on a TLS listener) and the first line, within one deadline,
+        ``hello_timeout_s``: a connection that sends nothing, or drips its handshake or its
+        hello a byte at a time, is refused when it is up (HandshakeRefused, TimeoutError)."""
+        timeout = self.settings.hello_timeout_s
+        handshaking = self.tls is not None
+        try:
+            async with asyncio.timeout(timeout):
+                if self.tls is not None:
+                    await handshake(writer, self.tls, timeout)
+                    handshaking = False
+                return await read_line(reader, self.line_cap)
+        except TimeoutError:
+            if handshaking:
+                raise HandshakeRefused("handshake_timeout", f"no TLS handshake within {timeout} s") from None
+            self.counts.refused("hello_timeout")
+            raise TimeoutError(f"no hello within {timeout} s") from None
 
     async def _attach(self, hello: Hello, writer: asyncio.StreamWriter, first: bytes,
                       peer: str) -> ShardLink:

@@ -5,6 +5,7 @@ afford); ``metrics.py`` reads them at scrape time. Every label value is from a k
 
 from __future__ import annotations
 
+from services.gateway.handshake import REFUSAL_LABELS
 from shared.metrics import OTHER, Buckets
 
 FRAME_KINDS = frozenset({
@@ -76,6 +77,8 @@ class GatewayCounts:
         self.command_seconds = Buckets()
         self.reads_paused = 0
         """Times a shard's reading was paused for a line that had to wait (back-pressure)."""
+        self.refusals = dict.fromkeys(REFUSAL_LABELS, 0)
+        """Connections refused before they became a link, by reason (handshake.REFUSAL_LABELS)."""
         self.last_line_at: dict[str, float] = {}
         """Each shard's last line (unix time), kept after it disconnects (see :func:`collector`)."""
 
@@ -89,6 +92,9 @@ class GatewayCounts:
 
     def dead_letter(self, label: str) -> None:
         self.dead_letters[label if label in self.dead_letters else OTHER] += 1
+
+    def refused(self, label: str) -> None:
+        self.refusals[label if label in self.refusals else "tls_error"] += 1
 
     def replied(self, status: int, seconds: float | None) -> None:
         """A command's reply went out (``seconds`` since the request, when it was sent to the shard)."""

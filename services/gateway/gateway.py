@@ -26,6 +26,7 @@ from services.gateway.pipeline import PublishPipeline
 from services.gateway.publisher import ShardPublisher
 from services.gateway.settings import GatewaySettings
 from services.gateway.streams import declare_streams
+from shared.tls import ReloadingServerContext
 
 log = logging.getLogger("shardbus.gateway")
 
@@ -59,8 +60,11 @@ class Gateway:
                                      self.pipeline.post)
         self.intake = FrameIntake(nc, self.js, settings, self.boards, self.links, self.commands, self._spawn,
                                   self.counts, self.pipeline)
+        self.tls = (ReloadingServerContext(settings.shard_tls_cert, settings.shard_tls_key, settings.shard_tls_ca,
+                                           what="shard listener") if settings.shard_tls_cert else None)
+        """The shard listener's TLS (docs/gateway.md, "TLS"), None for plain TCP: a bad file stops the start."""
         self.connections = Connections(nc, settings, self.line_cap, self.links, self.intake,
-                                       self.commands, self._spawn, self.counts)
+                                       self.commands, self._spawn, self.counts, self.tls)
 
     @property
     def publishers(self) -> dict[str, ShardPublisher]:
@@ -73,6 +77,10 @@ class Gateway:
         await self.pipeline.start()
         await self.boards.declare()
         await self.boards.serve()
+
+    def reload_tls(self) -> bool:
+        """Load the listener's certificate, key and CA again (SIGHUP): the next connections get them."""
+        return self.tls.reload("SIGHUP") if self.tls is not None else False
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -132,7 +140,8 @@ async def serve(nc: Client, settings: GatewaySettings) -> AsyncIterator[Serving]
         server = await asyncio.start_server(gateway.connections.handle, settings.shard_host,
                                             settings.shard_port, limit=gateway.line_cap + 1)
         host, port = server.sockets[0].getsockname()[:2]
-        log.info("listening for shards", extra={"addr": f"{host}:{port}"})
+        log.info("listening for shards", extra={"addr": f"{host}:{port}", "tls": gateway.tls is not None,
+                                                "client_certificates": bool(settings.shard_tls_ca)})
         yield Serving(gateway, server)
     finally:
         if server is not None:

@@ -41,6 +41,9 @@ class ShardLines(asyncio.Protocol):
         self._rest: asyncio.Future[None] | None = None
         """What is left of taking a line, while it is awaited (reading is paused meanwhile)."""
         self._eof = False
+        self._half_open = transport.get_extra_info("ssl_object") is None
+        """Plain TCP may stay half-open after the shard's EOF; TLS closes with it (asyncio's SSL
+        transport warns when asked otherwise)."""
 
     def start(self, buffered: bytes, eof: bool) -> None:
         """Take over the transport, with the bytes the hello's reader had already read."""
@@ -67,7 +70,7 @@ class ShardLines(asyncio.Protocol):
         self._eof = True
         if self._rest is None:
             self._at_eof()
-        return True  # half-open: the gateway closes it (Connections.handle)
+        return self._half_open  # half-open: the gateway closes it (Connections.handle)
 
     def data_received(self, data: bytes) -> None:
         self.buf += data

@@ -33,6 +33,8 @@ def collector(gateway: Callable[[], Gateway | None]) -> Callable[[], Iterator[Me
                        counts.dead_letters)
         yield _counter("commands_total", "Replies to commands, by status.", "status",
                        {(str(s) if s else OTHER): n for s, n in dict(counts.commands).items()})
+        yield _counter("connections_refused_total", "Connections refused before they became a shard's link, "
+                       "by reason (TLS handshake, hello).", "reason", counts.refusals)
         paused = CounterMetricFamily(f"{NAME}reads_paused", "Times reading from a shard was paused for a "
                                      "line that had to wait (back-pressure).", value=counts.reads_paused)
         yield paused
@@ -41,6 +43,8 @@ def collector(gateway: Callable[[], Gateway | None]) -> Callable[[], Iterator[Me
         links = dict(served.links) if served else {}
         publishers = list(served.publishers.values()) if served else []
         yield _gauge("shards_connected", "Shards connected to this gateway.", len(links))
+        yield _gauge("connections_opening", "Connections accepted that are not a shard's link yet "
+                     "(in their TLS handshake or before their hello).", served.connections.opening if served else 0)
         yield _gauge("publish_backlog", "Frames read and not yet acknowledged by JetStream.",
                      sum(pub.pending() for pub in publishers))
         yield _gauge("unread_bytes", "Bytes written to shards and not yet taken by them.",

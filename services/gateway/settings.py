@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 
 from shared.settings import CommonSettings
 
@@ -26,7 +26,14 @@ class GatewaySettings(CommonSettings):
                                 description="Longest line a shard may send; longer ones are refused. "
                                 "Lowered at start to what NATS's max_payload leaves after headers.")
     hello_timeout_s: float = Field(default=10.0, gt=0,
-                                   description="Time a new connection has to send server.hello.")
+                                   description="Time a new connection has to send server.hello (on a TLS "
+                                   "listener, to finish its handshake and send it).")
+    shard_tls_cert: str = Field(default="", description="PEM certificate (with its chain) of the shard "
+                                "listener; set with SHARDBUS_SHARD_TLS_KEY, shards must dial TLS. Reloaded "
+                                "when the file changes or on SIGHUP.")
+    shard_tls_key: str = Field(default="", description="PEM private key of SHARDBUS_SHARD_TLS_CERT.")
+    shard_tls_ca: str = Field(default="", description="PEM CA file; when set, every shard must present a "
+                              "client certificate it signed, or is refused before its hello is read.")
     ping_every_s: float = Field(default=10.0, gt=0,
                                 description="How often the gateway pings a connected shard.")
     silence_timeout_s: float = Field(default=35.0, gt=0,
@@ -55,3 +62,12 @@ class GatewaySettings(CommonSettings):
                                       "beyond them a command is refused at once (503).")
     board_bucket_prefix: str = Field(default="BOARD",
                                      description="Key-value buckets are named <prefix>_<BOARD>.")
+
+    @model_validator(mode="after")
+    def _tls_files(self) -> GatewaySettings:
+        if bool(self.shard_tls_cert) != bool(self.shard_tls_key):
+            raise ValueError("SHARDBUS_SHARD_TLS_CERT and SHARDBUS_SHARD_TLS_KEY go together: set both or neither")
+        if self.shard_tls_ca and not self.shard_tls_cert:
+            raise ValueError("SHARDBUS_SHARD_TLS_CA (client certificates) needs the listener's own "
+                             "SHARDBUS_SHARD_TLS_CERT and SHARDBUS_SHARD_TLS_KEY")
+        return self
