@@ -162,8 +162,11 @@ async def gather(nats_url: str, wait_s: float = DEFAULT_WAIT_S) -> dict[str, Any
     from shared.scatter_gather import scatter_gather
 
     servers = [url.strip() for url in nats_url.split(",") if url.strip()]
+    from shared.settings import CommonSettings
+
     nc = await nats.connect(servers, name=connection_name("status"), inbox_prefix=inbox_prefix(servers),
-                            connect_timeout=5, allow_reconnect=False, max_reconnect_attempts=1, error_cb=quiet)
+                            connect_timeout=5, allow_reconnect=False, max_reconnect_attempts=1, error_cb=quiet,
+                            **CommonSettings().nats_tls())
     errors: list[str] = []
     alert_s = away_alert_s()
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from faststream import ExceptionMiddleware, FastStream
 from faststream.nats import NatsBroker
+from faststream.nats.security import NatsSecurity
 
 from shared import faststream_internals, natspy_internals
 from shared.error_replies import ErrorHandler, error_handlers
@@ -49,6 +50,7 @@ def make_broker(settings: CommonSettings, service: str,
     )
     servers = settings.nats_servers()
     closed = ClosedForGood(service)
+    tls = settings.nats_tls()  # docs/security.md, "TLS": a bad CA or certificate file stops the start
     broker = NatsBroker(
         servers,
         # DirectOnly first: a refused message must not reach the exception middleware (whose
@@ -61,6 +63,8 @@ def make_broker(settings: CommonSettings, service: str,
         log_level=logging.DEBUG,
         closed_cb=closed.on_closed,
         graceful_timeout=STOP_GRACE_S,  # the stop: in-flight requests' time to finish
+        security=NatsSecurity(ssl_context=tls["tls"], tls_hostname=tls.get("tls_hostname"),
+                              tls_handshake_first=tls["tls_handshake_first"]) if tls else None,
         **connect_options(service, settings.reconnect_wait_s, settings.reconnect_wait_max_s, servers),
     )
     closed.reason = lambda: broker.connection.last_error

@@ -6,7 +6,9 @@ Each service extends :class:`CommonSettings` with its own fields in its own
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "SHARDBUS_"
@@ -26,6 +28,22 @@ class CommonSettings(BaseSettings):
         default="postgresql+asyncpg://postgres@127.0.0.1:5432/shardbus",
         description="PostgreSQL URL (SQLAlchemy form, asyncpg driver). Used by the ledger.",
     )
+    nats_tls_ca: str = Field(
+        default="",
+        description="PEM CA file that signed the NATS servers' certificates; set, every NATS "
+        "connection is TLS and verifies the server's certificate and name (docs/security.md, \"TLS\").",
+    )
+    nats_tls_cert: str = Field(
+        default="", description="PEM client certificate for NATS servers that verify clients (with "
+        "SHARDBUS_NATS_TLS_CA).")
+    nats_tls_key: str = Field(default="", description="PEM key of SHARDBUS_NATS_TLS_CERT, if not in that file.")
+    nats_tls_hostname: str = Field(
+        default="", description="The name the NATS servers' certificates must carry, when it is not "
+        "the host of SHARDBUS_NATS_URL (e.g. servers dialled by IP address).")
+    nats_tls_handshake_first: bool = Field(
+        default=True, description="Start TLS before NATS says a word, so no password can go out in the "
+        "clear to a server (or impostor) that offers no TLS; the server's tls block needs "
+        "handshake_first (deploy/nats/nats-tls.conf). false: TLS after the server's INFO.")
     log_level: str = Field(default="INFO", description="Log level: DEBUG, INFO, WARNING, ERROR.")
     reconnect_wait_s: float = Field(
         default=1.0, gt=0, description="First pause between NATS reconnect attempts (doubles, capped)."
@@ -61,6 +79,28 @@ class CommonSettings(BaseSettings):
         if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
             raise ValueError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, not {value!r}")
         return level
+
+    @model_validator(mode="after")
+    def _nats_tls_files(self) -> CommonSettings:
+        if (self.nats_tls_cert or self.nats_tls_key) and not self.nats_tls_ca:
+            raise ValueError("SHARDBUS_NATS_TLS_CERT and SHARDBUS_NATS_TLS_KEY need SHARDBUS_NATS_TLS_CA "
+                             "(the CA that signed the NATS servers' certificates)")
+        if self.nats_tls_key and not self.nats_tls_cert:
+            raise ValueError("SHARDBUS_NATS_TLS_KEY needs SHARDBUS_NATS_TLS_CERT")
+        return self
+
+    def nats_tls(self) -> dict[str, Any]:
+        """nats-py's TLS options (``tls``, ``tls_hostname``, ``tls_handshake_first``), or none
+        without a CA: a plain connection, as on loopback."""
+        if not self.nats_tls_ca:
+            return {}
+        from shared.tls import client_context
+
+        options: dict[str, Any] = {"tls": client_context(self.nats_tls_ca, self.nats_tls_cert, self.nats_tls_key),
+                                   "tls_handshake_first": self.nats_tls_handshake_first}
+        if self.nats_tls_hostname:
+            options["tls_hostname"] = self.nats_tls_hostname
+        return options
 
     def nats_servers(self) -> list[str]:
         """The NATS URLs as a list (the setting may hold several, comma-separated)."""

@@ -23,11 +23,13 @@ async def _ask(subject: str, payload: dict[str, Any]) -> dict[str, Any]:
     from shared.nats_connect import connection_name, inbox_prefix
     from shared.settings import CommonSettings
 
-    servers = CommonSettings().nats_servers()
+    settings = CommonSettings()
+    servers = settings.nats_servers()
     watch = ClosedWatch()
     nc = await nats.connect(servers, name=connection_name("cleanup-cli"), inbox_prefix=inbox_prefix(servers),
                             connect_timeout=5, allow_reconnect=False, max_reconnect_attempts=1,
-                            reconnect_time_wait=0.5, error_cb=quiet, closed_cb=watch.on_closed)
+                            reconnect_time_wait=0.5, error_cb=quiet, closed_cb=watch.on_closed,
+                            **settings.nats_tls())
     try:
         msg = await request_while_connected(
             nc, watch, subject, json.dumps(payload).encode(), ASK_TIMEOUT_S,

@@ -92,13 +92,14 @@ async def _ask_installer(args: argparse.Namespace, request: c.InstallerRequest) 
 
     from shared.nats_calls import ClosedWatch, nats_failure, quiet
 
-    servers = CommonSettings().nats_servers()
+    settings = CommonSettings()
+    servers = settings.nats_servers()
     watch = ClosedWatch()
     try:
         # A short NATS blip is ridden out (two reconnect attempts); past that the connection
         # closes and the command says so rather than waiting out --timeout.
         nc = await connect(servers, "cli", max_reconnect_attempts=2, connect_timeout=5, error_cb=quiet,
-                           closed_cb=watch.on_closed)
+                           closed_cb=watch.on_closed, **settings.nats_tls())
     except (nats.errors.Error, OSError) as exc:
         print(nats_failure(servers, exc), file=sys.stderr)
         return None
