@@ -67,7 +67,8 @@ def create_app(settings: WebSettings | None = None) -> FastStream:
         http.state.nc = broker.connection
         sock = listen_socket(settings.web_host, settings.web_port)
         host, port = sock.getsockname()[:2]
-        state["url"] = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
+        scheme = "https" if settings.web_tls_cert else "http"
+        state["url"] = f"{scheme}://{host if ':' not in host else f'[{host}]'}:{port}"
         config = uvicorn.Config(http, log_config=None, access_log=False, lifespan="off", http=DoorHttp,
                                 # uvicorn annotates this int, but only passes it to asyncio.wait_for (seconds, a float)
                                 timeout_graceful_shutdown=STOP_GRACE_S,  # type: ignore[arg-type]
@@ -75,7 +76,10 @@ def create_app(settings: WebSettings | None = None) -> FastStream:
                                 ws_ping_interval=20.0, ws_ping_timeout=20.0,
                                 # Feed events are small JSON: compressing each one cost a third of
                                 # the feed's CPU for little (bench/web_feed.py, docs/performance.md).
-                                ws_per_message_deflate=False)
+                                ws_per_message_deflate=False,
+                                # HTTPS when given a certificate (docs/security.md, "TLS"); the
+                                # console's cookie is Secure then (request.url.scheme).
+                                ssl_certfile=settings.web_tls_cert or None, ssl_keyfile=settings.web_tls_key or None)
         server = QuietServer(config)
         state["server"] = server
         state["task"] = asyncio.create_task(server.serve(sockets=[sock]))

@@ -15,6 +15,10 @@ class WebSettings(CommonSettings):
     web_host: str = Field(default="127.0.0.1", description="Address the HTTP listener binds to.")
     web_port: int = Field(default=8080, ge=0, le=65535,
                           description="HTTP port (0 picks a free one). Replicas share it (SO_REUSEPORT).")
+    web_tls_cert: str = Field(default="", description="PEM certificate (with its chain) of the door; set with "
+                              "SHARDBUS_WEB_TLS_KEY, it serves HTTPS and wss:// only (docs/security.md, \"TLS\"). "
+                              "Read at start: a renewed one needs a restart (replicas one by one).")
+    web_tls_key: str = Field(default="", description="PEM private key of SHARDBUS_WEB_TLS_CERT.")
     web_default_shard: str = Field(
         default="", description="The shard the sidecar's bare paths (/lease, /guilds, …) reach; "
         "empty: only /shards/{shard}/… paths.")
@@ -93,6 +97,12 @@ class WebSettings(CommonSettings):
             if re.fullmatch(r"[a-z0-9_-]{1,32}", board) is None:
                 raise ValueError(f"web_feed_boards: board {board!r} must match [a-z0-9_-]{{1,32}}")
         return value
+
+    @model_validator(mode="after")
+    def _tls_files(self) -> WebSettings:
+        if bool(self.web_tls_cert) != bool(self.web_tls_key):
+            raise ValueError("SHARDBUS_WEB_TLS_CERT and SHARDBUS_WEB_TLS_KEY go together: set both or neither")
+        return self
 
     @model_validator(mode="after")
     def _tokens(self) -> WebSettings:
