@@ -198,6 +198,18 @@ async def test_a_silent_or_dripping_handshake_is_refused_at_the_hello_deadline(s
         writer.close()
 
 
+async def test_a_shard_silent_after_its_handshake_is_refused_at_the_same_deadline(start_gateway, certs):
+    gateway = await start_gateway(shard_tls_cert=str(certs.cert), shard_tls_key=str(certs.key),
+                                  hello_timeout_s=HELLO_TIMEOUT_S)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port, ssl=shard_context(certs.ca),
+                                                   server_hostname="127.0.0.1")
+    writer.write(b'{"kind":"server.hello","shard":"half')  # the start of a hello, never its end
+    await closed_by_gateway(reader)
+    await refusal(gateway, "hello_timeout")
+    assert gateway.gateway.counts.refusals["handshake_timeout"] == 0
+    writer.close()
+
+
 def client_hello(certs: Certs) -> bytes:
     """The first flight of a real TLS client (its ClientHello), made in memory."""
     context = shard_context(certs.ca)
