@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import ssl
 import time
 from typing import cast
@@ -22,7 +23,7 @@ from nats.aio.msg import Msg
 from services.gateway.board_store import direct, news_line
 from services.gateway.command_relay import CommandRelay
 from services.gateway.counts import GatewayCounts
-from services.gateway.handshake import HandshakeRefused, handshake
+from services.gateway.handshake import HandshakeRefused, accept_tls
 from services.gateway.intake import FrameIntake, Spawn
 from services.gateway.line_reader import ShardLines
 from services.gateway.link import ShardLink
@@ -58,14 +59,31 @@ class Connections:
         return (own or self.settings.shard_token).get_secret_value()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One TCP connection from (TLS handshake and) hello to close."""
-        peer = str(writer.get_extra_info("peername"))
+        """One TCP connection of the plain listener, from hello to close."""
+        await self._serve(reader, writer, str(writer.get_extra_info("peername")), None)
+
+    def take_tls(self, sock: socket.socket) -> None:
+        """One accepted socket of the TLS listener (:class:`TLSHandoff`): its handshake, hello and
+        life, in a task of its own."""
+        self.spawn(self._tls(sock))
+
+    async def _tls(self, sock: socket.socket) -> None:
+        try:
+            peer = str(sock.getpeername())
+        except OSError:
+            peer = "?"
+        await self._serve(None, None, peer, sock)
+
+    async def _serve(self, reader: asyncio.StreamReader | None, writer: asyncio.StreamWriter | None, peer: str,
+                     sock: socket.socket | None) -> None:
+        """A connection from (TLS handshake and) hello to close: ``reader`` and ``writer`` of a
+        plain one, or the accepted ``sock`` of a TLS one."""
         link: ShardLink | None = None
         why = "the shard closed the connection"
         self.opening += 1
         opening = True
         try:
-            first = await self._opening(reader, writer)
+            reader, writer, first = await self._opening(reader, writer, sock)
             self.opening -= 1
             opening = False
             if first is None:
@@ -77,7 +95,8 @@ class Connections:
             log.warning("hello refused", extra={"peer": peer, "reason": str(exc)})
             self.counts.frame_out(HELLO_REFUSED)
             self.counts.refused("hello_refused")
-            await _tell_refused(writer, str(exc))
+            if writer is not None:
+                await _tell_refused(writer, str(exc))
         except HandshakeRefused as exc:  # logged once, here: the connection ends with it
             log.warning("TLS handshake refused", extra={"peer": peer, "reason": str(exc), "refusal": exc.label})
             self.counts.refused(exc.label)
@@ -95,20 +114,24 @@ class Connections:
                 self.opening -= 1
             if link is not None:
                 await self.detach(link, link.ending or why)
-            writer.close()
+            if writer is not None:
+                writer.close()
 
-    async def _opening(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes | None:
-        """The TLS handshake (on a TLS listener) and the first line, within one deadline,
-        ``hello_timeout_s``: a connection that sends nothing, or drips its handshake or its
-        hello a byte at a time, is refused when it is up (HandshakeRefused, TimeoutError)."""
+    async def _opening(self, reader: asyncio.StreamReader | None, writer: asyncio.StreamWriter | None,
+                       sock: socket.socket | None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes | None]:
+        """The TLS handshake (of ``sock``, on the TLS listener) and the first line, within one
+        deadline, ``hello_timeout_s``: a connection that sends nothing, or drips its handshake or
+        its hello a byte at a time, is refused when it is up (HandshakeRefused, TimeoutError)."""
         timeout = self.settings.hello_timeout_s
-        handshaking = self.tls is not None
+        handshaking = sock is not None
         try:
             async with asyncio.timeout(timeout):
-                if self.tls is not None:
-                    await handshake(writer, self.tls, timeout)
+                if sock is not None:
+                    assert self.tls is not None
+                    reader, writer = await accept_tls(sock, self.tls, self.line_cap + 1, timeout)
                     handshaking = False
-                return await read_line(reader, self.line_cap)
+                assert reader is not None and writer is not None
+                return reader, writer, await read_line(reader, self.line_cap)
         except TimeoutError:
             if handshaking:
                 raise HandshakeRefused("handshake_timeout", f"no TLS handshake within {timeout} s") from None

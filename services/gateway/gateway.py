@@ -20,6 +20,7 @@ from services.gateway.board_store import BoardStore
 from services.gateway.command_relay import CommandRelay
 from services.gateway.connections import Connections
 from services.gateway.counts import GatewayCounts
+from services.gateway.handshake import TLSHandoff
 from services.gateway.intake import FrameIntake
 from services.gateway.link import ShardLink
 from services.gateway.pipeline import PublishPipeline
@@ -137,8 +138,13 @@ async def serve(nc: Client, settings: GatewaySettings) -> AsyncIterator[Serving]
     server: asyncio.Server | None = None
     try:
         await gateway.start()
-        server = await asyncio.start_server(gateway.connections.handle, settings.shard_host,
-                                            settings.shard_port, limit=gateway.line_cap + 1)
+        if gateway.tls is not None:  # each accepted socket handed to the gateway's own handshake (handshake.py)
+            connections = gateway.connections
+            server = await asyncio.get_running_loop().create_server(
+                lambda: TLSHandoff(connections.take_tls), settings.shard_host, settings.shard_port)
+        else:
+            server = await asyncio.start_server(gateway.connections.handle, settings.shard_host,
+                                                settings.shard_port, limit=gateway.line_cap + 1)
         host, port = server.sockets[0].getsockname()[:2]
         log.info("listening for shards", extra={"addr": f"{host}:{port}", "tls": gateway.tls is not None,
                                                 "client_certificates": bool(settings.shard_tls_ca)})

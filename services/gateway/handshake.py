@@ -2,15 +2,19 @@
 why one failed, in a sentence for the log and a label for
 ``shardbus_gateway_connections_refused_total``.
 
-The handshake is the gateway's own step (``StreamWriter.start_tls`` on the accepted
-connection) rather than the listener's (``start_server(ssl=…)``): asyncio drops a listener's
-failed handshakes without a word, and here each is logged once, with its reason, and counted;
-and the handshake and the hello share one deadline, ``SHARDBUS_HELLO_TIMEOUT_S``."""
+The handshake is the gateway's own step (``loop.connect_accepted_socket(ssl=…)`` on each accepted
+socket, :class:`TLSHandoff`) rather than the listener's (``start_server(ssl=…)``): asyncio drops a
+listener's failed handshakes without a word, and here each is logged once, with its reason, and
+counted; and the handshake and the hello share one deadline, ``SHARDBUS_HELLO_TIMEOUT_S``."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import ssl
+from collections.abc import Callable
+from typing import cast
 
 from shared.tls import ReloadingServerContext
 
@@ -41,7 +45,7 @@ class HandshakeRefused(Exception):
 
 
 def classify(exc: BaseException) -> HandshakeRefused:
-    """Why a handshake failed, from what ``start_tls`` raised."""
+    """Why a handshake failed, from what the handshake raised."""
     if isinstance(exc, ssl.SSLCertVerificationError):
         return HandshakeRefused("client_certificate",
                                 f"the shard's certificate was refused: {exc.verify_message or exc.reason}")
@@ -65,11 +69,41 @@ def classify(exc: BaseException) -> HandshakeRefused:
     return HandshakeRefused("tls_error", f"TLS handshake failed ({type(exc).__name__}: {exc})")
 
 
-async def handshake(writer: asyncio.StreamWriter, tls: ReloadingServerContext, timeout: float) -> None:
-    """Run the server's side of the TLS handshake on the accepted connection. The caller bounds
-    it with the hello's deadline (``timeout``); asyncio's own, a second later, is a backstop.
-    Raises :class:`HandshakeRefused`."""
+async def accept_tls(sock: socket.socket, tls: ReloadingServerContext, limit: int,
+                     timeout: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """The server's side of the TLS handshake on an accepted socket no byte of which was read yet
+    (:class:`TLSHandoff`): the stream pair of the TLS connection. The caller bounds it with the
+    hello's deadline (``timeout``); asyncio's own, a second later, is a backstop. Raises
+    :class:`HandshakeRefused`; the socket is then closed (it belongs to the transport from the call on)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=limit, loop=loop)
+    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
     try:
-        await writer.start_tls(tls.context, ssl_handshake_timeout=timeout + 1.0)
+        transport, _ = await loop.connect_accepted_socket(lambda: protocol, sock, ssl=tls.context,
+                                                          ssl_handshake_timeout=timeout + 1.0)
     except (ssl.SSLError, OSError, EOFError) as exc:  # ssl's errors are OSErrors; a reset, EOF
         raise classify(exc) from None
+    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+
+
+class TLSHandoff(asyncio.Protocol):
+    """The TLS listener's protocol: each accepted socket, before a byte of it is read, is handed
+    to ``take`` (a copy of its descriptor; this plain transport is closed at once), which runs the
+    handshake with :func:`accept_tls`.
+
+    Not ``StreamWriter.start_tls`` on a stream the listener already reads: on uvloop a connection
+    starts reading as soon as it is accepted, and a ClientHello read before the handshake began
+    was out of the TLS layer's reach (the handshake then waited for it until the deadline)."""
+
+    def __init__(self, take: Callable[[socket.socket], None]) -> None:
+        self.take = take
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        sock = transport.get_extra_info("socket")
+        try:
+            own = socket.socket(fileno=os.dup(sock.fileno()))
+        except OSError:  # out of descriptors: this connection is dropped, the listener goes on
+            own = None
+        cast(asyncio.Transport, transport).abort()  # nothing read: both loops read only after this returns
+        if own is not None:
+            self.take(own)

@@ -231,6 +231,8 @@ async def test_noise_and_truncated_hellos_never_wedge_the_listener(start_gateway
     openings += [hello[:cut] for cut in (1, 5, 6, 40, len(hello) - 1)]
     openings += [b"\x16\x03\x01\xff\xff" + bytes(64), b"GET / HTTP/1.1\r\n\r\n", hello + bytes(2000)]
 
+    tasks_before = len(asyncio.all_tasks())
+
     async def one(data: bytes) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
         try:
@@ -244,6 +246,8 @@ async def test_noise_and_truncated_hellos_never_wedge_the_listener(start_gateway
     await asyncio.gather(*(one(data) for data in openings))
     await wait_until(lambda: sum(gateway.gateway.counts.refusals.values()) == len(openings)
                      and gateway.gateway.connections.opening == 0, 5 * HELLO_TIMEOUT_S)
+    # Nothing held: every connection's task (the listener's callback) has ended.
+    await wait_until(lambda: len(asyncio.all_tasks()) <= tasks_before, 5 * HELLO_TIMEOUT_S)
     good = await dial(gateway, tls_sims, f"s{unique}", shard_context(certs.ca))
     await wait_until(lambda: good.shard in gateway.gateway.links)
 
@@ -355,3 +359,35 @@ async def test_the_token_crosses_a_tls_link_encrypted_and_a_plain_one_in_the_cle
     assert len(recorded) > 300  # the hello, a frame, its ack, a command and its answer crossed
     for secret in (TOKEN.encode(), b"the-player-name", b"server.hello", b"world.save"):
         assert (secret in recorded) is not over_tls, secret
+
+
+def test_on_uvloop_a_clienthello_sent_at_once_reaches_the_handshake(nats_url, certs, unique):
+    """The service runs on uvloop, which starts reading a connection as soon as it is accepted:
+    a ClientHello sent with the connect (a shard dialling from the same event loop: always
+    before the gateway's handler runs) must still reach the handshake (docs/adr/0012)."""
+    import nats as nats_py
+    import uvloop
+
+    from services.gateway.gateway import serve
+    from services.gateway.settings import GatewaySettings
+
+    async def scenario() -> None:
+        settings = GatewaySettings(nats_url=nats_url, shard_token=TOKEN, shard_host="127.0.0.1", shard_port=0,
+                                   shard_tls_cert=str(certs.cert), shard_tls_key=str(certs.key))
+        nc = await nats_py.connect(nats_url, connect_timeout=5)
+        try:
+            async with serve(nc, settings) as serving:
+                assert serving.addr is not None
+                sim = ShardSimulator("127.0.0.1", serving.addr[1], f"u{unique}", TOKEN, tls=shard_context(certs.ca))
+                try:
+                    await sim.connect()
+                    async with asyncio.timeout(5):
+                        while sim.shard not in serving.gateway.links:
+                            await asyncio.sleep(0.01)
+                    assert not any(serving.gateway.counts.refusals.values())
+                finally:
+                    await sim.close()
+        finally:
+            await nc.close()
+
+    uvloop.run(scenario())
