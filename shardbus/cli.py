@@ -112,6 +112,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from shared import logs
     from shared.metrics import MetricsPortUnavailable
     from shared.settings import CommonSettings
+    from shared.tls import TLSConfigError
 
     settings = CommonSettings()
     logs.configure(args.service, settings.log_level)
@@ -127,7 +128,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     except Exception as exc:  # sorted below; anything else is re-raised
-        if isinstance(exc, MetricsPortUnavailable):  # a setting, before any outage rule
+        if isinstance(exc, MetricsPortUnavailable | TLSConfigError):  # a setting, before any outage rule
             log.error(str(exc), extra={"exit_code": 1})
             return 1
         if deadline.armed and _nats_error(exc):  # NATS gone while stopping

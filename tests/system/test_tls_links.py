@@ -145,3 +145,23 @@ def test_a_shard_sim_trusting_another_ca_stops_with_the_reason(tls_services, pki
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stderr
     assert "the gateway's certificate was refused" in done.stderr and SHARD_TOKEN not in done.stderr
+
+
+@pytest.mark.parametrize("setting", ["shard_tls_cert", "nats_tls_ca"])
+def test_a_missing_certificate_file_stops_the_service_with_one_line_naming_it(tls_nats, pki, tmp_path, setting):
+    env = {**os.environ, "SHARDBUS_NATS_URL": tls_nats.url, "SHARDBUS_SHARD_TOKEN": SHARD_TOKEN,
+           "SHARDBUS_SHARD_PORT": "0"}
+    missing = str(tmp_path / "missing.pem")
+    if setting == "shard_tls_cert":  # the NATS link works; the listener's file is missing
+        env.update({f"SHARDBUS_{key.upper()}": value for key, value in nats_client_settings(pki).items()})
+        env.update(SHARDBUS_SHARD_TLS_CERT=missing, SHARDBUS_SHARD_TLS_KEY=missing)
+    else:
+        env["SHARDBUS_NATS_TLS_CA"] = missing
+    done = subprocess.run([sys.executable, "-m", "shardbus", "run", "gateway"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1
+    errors = [json.loads(line) for line in done.stderr.splitlines() + done.stdout.splitlines()
+              if line.startswith("{") and '"error"' in line]
+    assert [e["msg"] for e in errors] == [f"certificate or key file not found: {missing}" if setting == "shard_tls_cert"
+                                         else f"CA file not found: {missing}"]
+    assert "Traceback" not in done.stderr
