@@ -27,7 +27,7 @@ from shared import subjects
 from shared.settings import CommonSettings
 from tests.processes import ServiceProcess, ServiceProcesses
 from tests.shared.test_nats_tls import Pki, write_tls
-from tests.web.conftest import WEBSITE_TOKEN
+from tests.web.conftest import OPERATOR_TOKEN, WEBSITE_TOKEN
 
 SHARD_TOKEN = "tls-system-shard-token-2468"
 
@@ -81,7 +81,8 @@ async def test_services_over_tls_nats_a_tls_shard_and_an_https_door(tls_services
     gateway = tls_services.start("gateway", shard_token=SHARD_TOKEN, shard_port="0",
                                  shard_tls_cert=str(listener_cert), shard_tls_key=str(listener_key),
                                  shard_tls_ca=str(shard_ca_file), **nats_client_settings(pki))
-    door = tls_services.start("web", web_port="0", web_token=WEBSITE_TOKEN, web_tls_cert=str(pki.server_cert),
+    door = tls_services.start("web", web_port="0", web_token=WEBSITE_TOKEN, web_operator_token=OPERATOR_TOKEN,
+                              web_tls_cert=str(pki.server_cert),
                               web_tls_key=str(pki.server_key), **nats_client_settings(pki))
     addr = logged(gateway, "listening for shards", "addr")
     shard = f"uo{unique}"
@@ -111,6 +112,8 @@ async def test_services_over_tls_nats_a_tls_shard_and_an_https_door(tls_services
             page = await https.get(f"{url}/shards/{shard}/items",
                                    headers={"Authorization": f"Bearer {WEBSITE_TOKEN}"})
             assert page.status_code == 200, page.text  # the door reached the shard (item.catalog) through NATS
+            login = await https.post(f"{url}/console/login", data={"token": OPERATOR_TOKEN})
+            assert login.status_code == 303 and "secure" in login.headers["set-cookie"].lower()  # docs/console.md
         async with httpx.AsyncClient(timeout=5) as plain:
             with pytest.raises(httpx.HTTPError):  # plain HTTP on the HTTPS port gets no answer
                 await plain.get(url.replace("https://", "http://"))
@@ -131,7 +134,7 @@ async def test_services_over_tls_nats_a_tls_shard_and_an_https_door(tls_services
     finally:
         stop_process(sim, signal.SIGINT)
         await nc.close()
-    assert SHARD_TOKEN not in gateway.log() and WEBSITE_TOKEN not in door.log()
+    assert SHARD_TOKEN not in gateway.log() and WEBSITE_TOKEN not in door.log() and OPERATOR_TOKEN not in door.log()
 
 
 def test_a_shard_sim_trusting_another_ca_stops_with_the_reason(tls_services, pki, tmp_path, unique):
