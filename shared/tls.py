@@ -12,13 +12,15 @@ import ssl
 import time
 from collections.abc import Sequence
 
+from shared.errors import ShardbusError
+
 log = logging.getLogger("shardbus.tls")
 
 MINIMUM_VERSION = ssl.TLSVersion.TLSv1_2
 """The oldest TLS either side accepts (docs/security.md, "TLS")."""
 
 
-class TLSConfigError(ValueError):
+class TLSConfigError(ShardbusError, ValueError):
     """A certificate, key or CA file that cannot be used; the message names the file and why."""
 
 

@@ -14,8 +14,10 @@ import os
 import socket
 import ssl
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import cast
 
+from shared.errors import ShardbusError
 from shared.tls import ReloadingServerContext
 
 REFUSAL_LABELS = ("handshake_timeout", "not_tls", "client_certificate", "gateway_certificate", "handshake_closed",
@@ -35,9 +37,11 @@ _CLIENT_CERTIFICATE = frozenset({"PEER_DID_NOT_RETURN_A_CERTIFICATE", "CERTIFICA
 """The shard's certificate is missing or not signed by ``SHARDBUS_SHARD_TLS_CA`` (or expired)."""
 
 
-class HandshakeRefused(Exception):
+class HandshakeRefused(ShardbusError):
     """The TLS handshake failed: ``label`` (one of :data:`REFUSAL_LABELS`) and, as the message,
     why in words (never a secret: OpenSSL's reason, a certificate's verify error)."""
+
+    status = HTTPStatus.UNAUTHORIZED
 
     def __init__(self, label: str, reason: str) -> None:
         super().__init__(reason)
