@@ -168,28 +168,11 @@ class BoardStore:
                                 inactive_threshold=READ_TIMEOUT_S * 4, mem_storage=True)
         info = await self.js.add_consumer(stream, config=config)
         entries: dict[str, Any] = {}
-        newest: dict[str, int] = {}  # key → stream sequence of the version in ``entries``
-        seen: set[int] = set()
         try:
-            remaining = info.num_pending or 0
-            if remaining:
+            if remaining := info.num_pending or 0:
                 sub = await self.js.pull_subscribe_bind(stream=stream, name=consumer)
                 try:
-                    while remaining > 0:
-                        for msg in await sub.fetch(min(remaining, READ_BATCH), timeout=READ_TIMEOUT_S):
-                            seq = msg.metadata.sequence.stream
-                            if seq in seen:  # NATS 2.9 may deliver one message twice while keys change
-                                continue
-                            seen.add(seq)
-                            remaining -= 1
-                            key = msg.subject[len(prefix) + len(shard) + 1:]
-                            if seq < newest.get(key, 0):
-                                continue
-                            newest[key] = seq
-                            if msg.data and not set(msg.headers or {}) & SKIPPED_HEADERS:
-                                entries[key] = json.loads(msg.data)
-                            else:  # deleted or purged (maybe after the snapshot began)
-                                entries.pop(key, None)
+                    await _take_snapshot(sub, remaining, len(prefix) + len(shard) + 1, entries)
                 finally:
                     await sub.unsubscribe()
         finally:
@@ -253,3 +236,26 @@ def news_line(item: dict[str, Any], announce: bool) -> bytes:
     understands and treats as idempotent by id (docs/gateway.md, "News")."""
     return json.dumps({**item, "kind": "news.add", "announce": announce},
                       ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+async def _take_snapshot(sub: Any, remaining: int, key_at: int, entries: dict[str, Any]) -> None:
+    """Fetch ``remaining`` distinct messages of a board's snapshot into ``entries`` (key, from
+    character ``key_at`` of the subject, → value): a newer version of a key wins, a delete or
+    purge removes it, a message delivered twice (NATS 2.9, while keys change) counts once."""
+    newest: dict[str, int] = {}  # key → stream sequence of the version in ``entries``
+    seen: set[int] = set()
+    while remaining > 0:
+        for msg in await sub.fetch(min(remaining, READ_BATCH), timeout=READ_TIMEOUT_S):
+            seq = msg.metadata.sequence.stream
+            if seq in seen:
+                continue
+            seen.add(seq)
+            remaining -= 1
+            key = msg.subject[key_at:]
+            if seq < newest.get(key, 0):
+                continue
+            newest[key] = seq
+            if msg.data and not set(msg.headers or {}) & SKIPPED_HEADERS:
+                entries[key] = json.loads(msg.data)
+            else:  # deleted or purged (maybe after the snapshot began)
+                entries.pop(key, None)
