@@ -264,7 +264,7 @@ async def console_latency(nats_url: str, db_url: str, run_id: str) -> dict[str, 
     render alone (nothing kept: the cost of the first read after a change), one after another."""
     from services.ledger import console
     from services.ledger.console_cache import cache_of
-    from services.ledger.store import Database
+    from services.ledger.database.store import Database
 
     nc = await nats.connect(nats_url)
     body = json.dumps({"runId": run_id}).encode()

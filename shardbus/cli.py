@@ -102,13 +102,13 @@ def _nats_error(exc: BaseException, *, away_only: bool = False) -> bool:
 
 
 def _database_outage(exc: BaseException) -> bool:
-    from services.ledger.store import is_outage
+    from services.ledger.database.store import is_outage
 
     return is_outage(exc)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from services.ledger.engine import safe_url
+    from services.ledger.database.engine import safe_url
     from shared import logs
     from shared.metrics import MetricsPortUnavailable
     from shared.settings import CommonSettings
@@ -150,10 +150,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
-    from services.ledger import migrate
-    from services.ledger.engine import safe_url
+    from services.ledger.database import migrate
+    from services.ledger.database.engine import safe_url
+    from services.ledger.database.store import is_outage
     from services.ledger.settings import LedgerSettings
-    from services.ledger.store import is_outage
 
     url = args.database_url or LedgerSettings().database_url
     try:

@@ -322,7 +322,7 @@ class Stack:
 
     def start(self, timeout: float = 60.0) -> None:
         """Start servers, migrate, start every service; return once all are healthy."""
-        from services.ledger import migrate  # the CLI may import services; shared may not
+        from services.ledger.database import migrate  # the CLI may import services; shared may not
 
         # shape: the start's steps in the order they happen (servers, database, migrations, children),
         # read top to bottom as the operator sees them printed.

@@ -36,8 +36,8 @@ import asyncpg
 import nats
 import pytest
 
-from services.ledger import migrate
-from services.ledger.engine import normalise_url
+from services.ledger.database import migrate
+from services.ledger.database.engine import normalise_url
 from shardbus import embedded
 from tests.processes import ServiceProcesses
 

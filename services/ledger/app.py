@@ -16,16 +16,18 @@ from faststream import FastStream, Path
 from faststream.nats import NatsBroker
 from pydantic import BaseModel
 
-from services.ledger import actions, console, metrics, migrate
-from services.ledger.actions import Reach
-from services.ledger.dispatcher import Dispatcher, Handler, HotSubject
-from services.ledger.engine import safe_url
-from services.ledger.event_stream import declare_events_stream
-from services.ledger.hot_subjects import Batching, HotActions
-from services.ledger.outbox_relay import OutboxRelay, stop_task
-from services.ledger.request_paths import SERVED, Served
+from services.ledger import console, metrics
+from services.ledger.database import migrate
+from services.ledger.database.engine import safe_url
+from services.ledger.database.store import UNAVAILABLE, Change, Database, DatabaseUnavailable, LedgerError, is_outage
+from services.ledger.events.event_stream import declare_events_stream
+from services.ledger.events.outbox_relay import OutboxRelay, stop_task
+from services.ledger.serving import actions
+from services.ledger.serving.actions import Reach
+from services.ledger.serving.dispatcher import Dispatcher, Handler, HotSubject
+from services.ledger.serving.hot_subjects import Batching, HotActions
+from services.ledger.serving.request_paths import SERVED, Served
 from services.ledger.settings import LedgerSettings
-from services.ledger.store import UNAVAILABLE, Change, Database, DatabaseUnavailable, LedgerError, is_outage
 from shared import replies, subjects
 from shared.broker import make_app, make_broker
 from shared.contracts import ledger as c

@@ -18,7 +18,7 @@ from http import HTTPStatus
 
 from services.ledger import statuses
 from services.ledger.console_cache import Key, Mark, Page, cache_of
-from services.ledger.queries.console import (
+from services.ledger.database.queries.console import (
     CONSOLE_MARK,
     CONSOLE_PAGE,
     DETAIL_INLINE_MAX,
@@ -29,8 +29,8 @@ from services.ledger.queries.console import (
     RUNS_BY_SCHEDULE,
     RUNS_NEWEST,
 )
-from services.ledger.queries.fragments import REVERT_INLINE_MAX
-from services.ledger.store import Database, NotFound, one, read_first, read_one
+from services.ledger.database.queries.fragments import REVERT_INLINE_MAX
+from services.ledger.database.store import Database, NotFound, one, read_first, read_one
 from shared.contracts.ledger import RUNS_CURSOR, ListRuns
 
 __all__ = ["DETAIL_INLINE_MAX", "PAGE_BYTES", "REVERT_INLINE_MAX", "console", "leases_overdue", "list_runs", "live",

@@ -3,7 +3,7 @@ database says they are still the page (``ledger.console``; issue 27).
 
 Rendering a first page of 1,000 rows is 7.6 ms of SQL at 1,000,000 rows, 4.1 of them building
 its JSON; checking that nothing it was rendered from changed is 0.28 ms
-(``queries/console.py``: :data:`~services.ledger.queries.console.CONSOLE_MARK`). So a page is
+(``queries/console.py``: :data:`~services.ledger.database.queries.console.CONSOLE_MARK`). So a page is
 rendered once per change, and every read after it asks the database for the run's change mark
 first: the same mark, and a time at which each lease flag the page carries still stands, is
 the same page, byte for byte; anything else renders it again.

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from services.ledger import statuses
-from services.ledger.queries.expiry import EXPIRE, SETTLE_EXPIRED
-from services.ledger.store import Change, Database, resource_changes, rows, run_changes
+from services.ledger.database.queries.expiry import EXPIRE, SETTLE_EXPIRED
+from services.ledger.database.store import Change, Database, resource_changes, rows, run_changes
 from shared.contracts.ledger import KIND_MAX, REF_MAX, is_module_name, is_storable
 
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from services.ledger.dispatcher import Dispatcher
-from services.ledger.hot_subjects import HotActions
-from services.ledger.outbox_relay import OutboxRelay
-from services.ledger.queries.outbox import RELAY_BACKLOG
-from services.ledger.store import Database
+from services.ledger.database.queries.outbox import RELAY_BACKLOG
+from services.ledger.database.store import Database
+from services.ledger.events.outbox_relay import OutboxRelay
+from services.ledger.serving.dispatcher import Dispatcher
+from services.ledger.serving.hot_subjects import HotActions
 from shared import subjects
 from shared.contracts import ledger as c
 from shared.metrics import OTHER, PREFIX, histogram

@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 
 from services.ledger import statuses
-from services.ledger.queries.resources import (
+from services.ledger.database.queries.resources import (
     ADD_RESOURCE,
     KEY_USED,
     RECONCILE,
@@ -19,8 +19,7 @@ from services.ledger.queries.resources import (
     TARGET_HOLDER,
     TRANSITION,
 )
-from services.ledger.statuses import Transition
-from services.ledger.store import (
+from services.ledger.database.store import (
     Change,
     Conflict,
     Database,
@@ -33,6 +32,7 @@ from services.ledger.store import (
     rows,
     run_or_not_found,
 )
+from services.ledger.statuses import Transition
 from shared.contracts.ledger import ERROR_MAX
 
 __all__ = ["LIVE_TARGET_INDEX", "add_resource", "cut", "reconcile", "replay_or_conflict",

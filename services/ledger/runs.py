@@ -6,9 +6,9 @@ from __future__ import annotations
 import uuid
 
 from services.ledger import statuses
-from services.ledger.queries.runs import CREATE_RUN, SET_RUN_STATUS
+from services.ledger.database.queries.runs import CREATE_RUN, SET_RUN_STATUS
+from services.ledger.database.store import Change, Conflict, Database, Json, first, run_changes, run_or_not_found
 from services.ledger.statuses import RunStatus
-from services.ledger.store import Change, Conflict, Database, Json, first, run_changes, run_or_not_found
 
 
 async def create_run(db: Database, run_id: str | None, shard: str, event: str, starts_at: int | None = None,

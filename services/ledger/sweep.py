@@ -22,7 +22,7 @@ import asyncpg
 
 from services.ledger import statuses
 from services.ledger.console import PAGE_BYTES
-from services.ledger.queries.sweep import (
+from services.ledger.database.queries.sweep import (
     CANDIDATES,
     CLAIM,
     FINISH,
@@ -34,9 +34,7 @@ from services.ledger.queries.sweep import (
     SETTLE,
     WAITING,
 )
-from services.ledger.resources import cut, replay_or_conflict, resource_of
-from services.ledger.statuses import Outcome, Verdict
-from services.ledger.store import (
+from services.ledger.database.store import (
     Change,
     Conflict,
     Database,
@@ -51,6 +49,8 @@ from services.ledger.store import (
     run_changes,
     run_or_not_found,
 )
+from services.ledger.resources import cut, replay_or_conflict, resource_of
+from services.ledger.statuses import Outcome, Verdict
 from shared.contracts import ledger as c
 
 CLAIM_ROW_SLACK = 64

@@ -23,7 +23,7 @@ import asyncpg
 import nats
 import pytest
 
-from services.ledger import migrate
+from services.ledger.database import migrate
 from shardbus import embedded
 from shared import subjects
 from tests.faults.shard_traffic import ShardTraffic

@@ -1,4 +1,4 @@
-"""The hot subjects' batches (services/ledger/batches.py through the coalescer) on a real
+"""The hot subjects' batches (services/ledger/serving/batches.py through the coalescer) on a real
 PostgreSQL: a batch writes exactly what its requests would alone — each change with its log
 entry and event, replays answered with the first row, 404/409 with the single-row path's
 sentences — a batch that fails part-way retries each request alone, and many callers on one
@@ -14,8 +14,8 @@ import asyncpg
 import pytest
 
 from services.ledger import resources, statuses
-from services.ledger.hot_subjects import Batching, HotActions
-from services.ledger.store import Conflict, Database, NotFound
+from services.ledger.database.store import Conflict, Database, NotFound
+from services.ledger.serving.hot_subjects import Batching, HotActions
 from shared import subjects
 from shared.contracts import ledger as c
 from tests.ledger.conftest import LedgerClient, log_kinds

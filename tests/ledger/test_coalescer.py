@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from services.ledger.coalescer import UNCHANGED, Coalescer
+from services.ledger.serving.coalescer import UNCHANGED, Coalescer
 
 
 class Statements:

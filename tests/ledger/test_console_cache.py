@@ -18,7 +18,7 @@ import pytest
 
 from services.ledger import console
 from services.ledger.console_cache import ENTRY_OVERHEAD, ConsoleCache, Mark, Page, cache_of
-from services.ledger.store import Database, NotFound
+from services.ledger.database.store import Database, NotFound
 from shared import subjects
 from tests.ledger.conftest import plain
 

@@ -1,4 +1,4 @@
-"""The hot subjects' nats-py path (services/ledger/dispatcher.py) keeps the FastStream path's
+"""The hot subjects' nats-py path (services/ledger/serving/dispatcher.py) keeps the FastStream path's
 promises: bounded (over ``ledger_pending_max`` a request is answered 503 at once and changes
 nothing), a message not sent directly is neither handled nor answered, and a stopping ledger
 answers the requests under way."""
@@ -12,7 +12,7 @@ import nats
 import pytest
 
 from services.ledger.app import create_app
-from services.ledger.dispatcher import BUSY
+from services.ledger.serving.dispatcher import BUSY
 from services.ledger.settings import LedgerSettings
 from shared import subjects
 from tests.ledger.conftest import LedgerClient, wait_until_serving

@@ -11,8 +11,8 @@ import json
 import asyncpg
 import nats.errors
 
-from services.ledger import migrate
 from services.ledger.app import create_app
+from services.ledger.database import migrate
 from services.ledger.settings import LedgerSettings
 from shared import subjects
 from tests.ledger.conftest import LedgerClient, none_waiting, plain, wait_until_serving

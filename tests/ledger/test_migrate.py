@@ -9,7 +9,7 @@ import sys
 
 import asyncpg
 
-from services.ledger import migrate
+from services.ledger.database import migrate
 
 
 def _plain(url: str) -> str:

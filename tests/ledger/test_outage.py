@@ -27,8 +27,9 @@ import asyncpg
 import pytest
 from sqlalchemy.engine import make_url
 
-from services.ledger import migrate, outbox_relay, store
 from services.ledger.app import UNAVAILABLE, create_app
+from services.ledger.database import migrate, store
+from services.ledger.events import outbox_relay
 from services.ledger.settings import LedgerSettings
 from shardbus import embedded
 from shared import subjects

@@ -16,8 +16,8 @@ import asyncpg
 import nats.errors
 import pytest
 
-from services.ledger import outbox_relay
 from services.ledger.app import create_app
+from services.ledger.events import outbox_relay
 from services.ledger.settings import LedgerSettings
 from shared import subjects
 from tests.ledger.conftest import LedgerClient, next_message, none_waiting, plain, wait_until_serving

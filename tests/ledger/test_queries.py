@@ -1,4 +1,4 @@
-"""Every statement the ledger runs is a named constant of a family of ``services/ledger/queries/``:
+"""Every statement the ledger runs is a named constant of a family of ``services/ledger/database/queries/``:
 each is prepared against a migrated database here, so a typo fails this test rather than a
 request; each can be printed for review; values only ever arrive as bound parameters."""
 
@@ -12,9 +12,9 @@ from types import ModuleType
 
 import pytest
 
-from services.ledger import queries
-from services.ledger.queries import STATEMENTS, collect
-from services.ledger.queries.statement import Statement, compose
+from services.ledger.database import queries
+from services.ledger.database.queries import STATEMENTS, collect
+from services.ledger.database.queries.statement import Statement, compose
 
 NAMES = list(STATEMENTS)
 
@@ -87,13 +87,13 @@ def test_a_fragment_lands_indented_as_the_line_it_is_put_on():
 
 
 def test_python_m_queries_prints_every_statement_in_full():
-    out = subprocess.run([sys.executable, "-m", "services.ledger.queries"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "services.ledger.database.queries"], capture_output=True, text=True,
                          timeout=60, check=True).stdout
     for statement in STATEMENTS.values():
         assert f"-- {statement.name}: " in out and statement.text in out
-    names = subprocess.run([sys.executable, "-m", "services.ledger.queries", "--names"], capture_output=True,
+    names = subprocess.run([sys.executable, "-m", "services.ledger.database.queries", "--names"], capture_output=True,
                            text=True, timeout=60, check=True).stdout.split()
     assert names == NAMES
-    one = subprocess.run([sys.executable, "-m", "services.ledger.queries", "OUTCOMES"], capture_output=True,
+    one = subprocess.run([sys.executable, "-m", "services.ledger.database.queries", "OUTCOMES"], capture_output=True,
                          text=True, timeout=60, check=True).stdout
     assert one.startswith("-- OUTCOMES: ") and "-- CLAIM" not in one

@@ -13,8 +13,8 @@ import pytest
 
 from services.ledger import resources, runs, statuses
 from services.ledger.app import create_app
+from services.ledger.database.store import Database
 from services.ledger.settings import LedgerSettings
-from services.ledger.store import Database
 from shared import subjects
 from tests.ledger.conftest import LedgerClient, none_waiting, wait_until_serving
 

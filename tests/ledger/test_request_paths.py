@@ -1,4 +1,4 @@
-"""The ledger's two request paths (services/ledger/request_paths.py): every subject has one, the
+"""The ledger's two request paths (services/ledger/serving/request_paths.py): every subject has one, the
 architecture page says the same, and a subject moved to the other path answers byte for byte
 as before, so moving one is the one-line change the table promises."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from services.ledger import request_paths
 from services.ledger.app import create_app
-from services.ledger.request_paths import MOVABLE, SERVED, Served
+from services.ledger.serving import request_paths
+from services.ledger.serving.request_paths import MOVABLE, SERVED, Served
 from services.ledger.settings import LedgerSettings
 from shared import subjects
 from shared.contracts import ledger as c

@@ -9,8 +9,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlmodel import SQLModel
 
-from services.ledger import migrate, tables  # noqa: F401  (tables registers the metadata)
-from services.ledger.engine import make_engine
+from services.ledger.database import migrate, tables  # noqa: F401  (tables registers the metadata)
+from services.ledger.database.engine import make_engine
 
 
 @pytest.fixture

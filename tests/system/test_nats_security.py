@@ -359,8 +359,8 @@ async def test_the_ledger_creates_its_events_stream_relays_into_it_and_touches_n
     message read back at a takeover."""
     ledger = await connect("ledger")
     js = ledger.nc.jetstream()
-    from services.ledger.event_stream import declare_events_stream
-    from services.ledger.outbox_relay import message_id
+    from services.ledger.events.event_stream import declare_events_stream
+    from services.ledger.events.outbox_relay import message_id
 
     await declare_events_stream(js)
     await declare_events_stream(js)  # again, as every replica does at start
@@ -836,7 +836,7 @@ async def test_the_web_door_relays_reports_and_sweeps_and_builds_its_feed_but_fo
 
     # Its feed: the stream WEB_FEED, sourcing SHARD_FRAMES and the ledger's LEDGER_EVENTS (which
     # the ledger creates), read through consumers of its own.
-    from services.ledger.event_stream import declare_events_stream
+    from services.ledger.events.event_stream import declare_events_stream
     from services.web.feed.stream import FeedStream
     from services.web.settings import WebSettings
 

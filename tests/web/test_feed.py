@@ -25,7 +25,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 from websockets.uri import parse_uri
 
-from services.ledger.event_stream import declare_events_stream
+from services.ledger.events.event_stream import declare_events_stream
 from services.web.feed import stream as feed_stream
 from services.web.feed.filter import FeedFilter, consumer_filters
 from services.web.feed.hub import FeedHub

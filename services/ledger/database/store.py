@@ -31,9 +31,9 @@ from typing import Any
 
 import asyncpg
 
-from services.ledger.engine import normalise_url
-from services.ledger.queries.statement import Statement
-from services.ledger.queries.store import FORCE_CUSTOM_PLAN, RUN_BY_ID
+from services.ledger.database.engine import normalise_url
+from services.ledger.database.queries.statement import Statement
+from services.ledger.database.queries.store import FORCE_CUSTOM_PLAN, RUN_BY_ID
 from shared.errors import ShardbusError
 
 CONNECT_TIMEOUT_S = 3.0

@@ -5,7 +5,7 @@ their shard, a person's retry."""
 from __future__ import annotations
 
 from services.ledger import statuses
-from services.ledger.queries.fragments import (
+from services.ledger.database.queries.fragments import (
     SETTLE_RUNS,
     SETTLED_BY,
     resource_events_cte,
@@ -13,7 +13,7 @@ from services.ledger.queries.fragments import (
     run_events,
     run_json,
 )
-from services.ledger.queries.statement import Statement, compose
+from services.ledger.database.queries.statement import Statement, compose
 
 BACKING_OFF = "(s.status = ANY(:revertable) AND s.retry_at IS NOT NULL AND s.retry_at > now())"
 """A row of ``s`` waiting for its shard or module (its give-back met nobody): not claimed

@@ -7,7 +7,7 @@ fragment one family alone uses lives in that family's module."""
 from __future__ import annotations
 
 from services.ledger import statuses
-from services.ledger.queries.statement import compose
+from services.ledger.database.queries.statement import compose
 from shared.status_words import CLEANUP_COLOUR, CLEANUP_WORD, RESOURCE_COLOUR, RESOURCE_WORD, RUN_COLOUR
 
 REVERT_INLINE_MAX = 64 * 1024

@@ -3,8 +3,14 @@ the runs that hold nothing unresolved any more."""
 
 from __future__ import annotations
 
-from services.ledger.queries.fragments import SETTLE_RUNS, SETTLED_BY, TARGET_DETAIL, resource_events, run_events
-from services.ledger.queries.statement import Statement, compose
+from services.ledger.database.queries.fragments import (
+                           SETTLE_RUNS,
+                           SETTLED_BY,
+                           TARGET_DETAIL,
+                           resource_events,
+                           run_events,
+)
+from services.ledger.database.queries.statement import Statement, compose
 
 EXPIRE = Statement("EXPIRE", """
     The module's rows of the target (kind, ref) in :allowed move to :to with lastError :why

@@ -1,11 +1,11 @@
-"""The relay's statements (``services/ledger/outbox_relay.py``): its lock, the ledger id, the
+"""The relay's statements (``services/ledger/events/outbox_relay.py``): its lock, the ledger id, the
 run log's events above the watermark, the watermark moved, the visibility horizon that tells a
 rolled-back id from one still to commit; and the legacy outbox's (events written before
 revision 0007): take a batch, delete the published ones."""
 
 from __future__ import annotations
 
-from services.ledger.queries.statement import Statement
+from services.ledger.database.queries.statement import Statement
 
 RELAY_TRY_LOCK = Statement("RELAY_TRY_LOCK", "Take the relay's advisory lock on this session, if free.", """
     SELECT pg_try_advisory_lock(:key)""")

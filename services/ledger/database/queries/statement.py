@@ -1,6 +1,6 @@
 """How a ledger statement is made: :class:`Statement` (a named SQL text whose ``:name``
 parameters are numbered ``$n`` once, at import) and :func:`compose` (SQL fragments put in by
-name, never a value). Every family of ``services/ledger/queries/`` builds its statements here."""
+name, never a value). Every family of ``services/ledger/database/queries/`` builds its statements here."""
 
 from __future__ import annotations
 

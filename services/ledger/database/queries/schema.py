@@ -1,9 +1,9 @@
-"""The migrations' statements (``services/ledger/migrate.py``, ``migrations/env.py``): one
+"""The migrations' statements (``services/ledger/database/migrate.py``, ``migrations/env.py``): one
 replica at a time, the revision the database is at."""
 
 from __future__ import annotations
 
-from services.ledger.queries.statement import Statement
+from services.ledger.database.queries.statement import Statement
 
 MIGRATION_LOCK = Statement("MIGRATION_LOCK", "Migrate one replica at a time: the advisory lock :k until commit.", """
     SELECT pg_advisory_xact_lock(:k)""")

@@ -11,9 +11,9 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 from sqlmodel import SQLModel
 
-from services.ledger import tables  # noqa: F401  (tables registers the tables on the metadata)
-from services.ledger.migrate import LOCK_ID
-from services.ledger.queries.schema import MIGRATION_LOCK
+from services.ledger.database import tables  # noqa: F401  (tables registers the tables on the metadata)
+from services.ledger.database.migrate import LOCK_ID
+from services.ledger.database.queries.schema import MIGRATION_LOCK
 
 log = logging.getLogger("alembic.env")
 target_metadata = SQLModel.metadata

@@ -16,8 +16,8 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
 
-from services.ledger.engine import make_engine, normalise_url
-from services.ledger.queries.schema import SCHEMA_VERSION, SCHEMA_VERSIONED
+from services.ledger.database.engine import make_engine, normalise_url
+from services.ledger.database.queries.schema import SCHEMA_VERSION, SCHEMA_VERSIONED
 
 log = logging.getLogger("shardbus.ledger.migrate")
 

@@ -1,10 +1,10 @@
-"""The store's own statements (``services/ledger/store.py``): the plan of a paged read, a run
+"""The store's own statements (``services/ledger/database/store.py``): the plan of a paged read, a run
 by id."""
 
 from __future__ import annotations
 
-from services.ledger.queries.fragments import run_json
-from services.ledger.queries.statement import Statement, compose
+from services.ledger.database.queries.fragments import run_json
+from services.ledger.database.queries.statement import Statement, compose
 
 FORCE_CUSTOM_PLAN = Statement("FORCE_CUSTOM_PLAN", """
     Plan the next statement of this transaction for the values it is given (store.read_first:

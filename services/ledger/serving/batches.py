@@ -2,7 +2,7 @@
 (``queries/resources.py``: ADD_RESOURCES), confirm or fail (TRANSITIONS) and the one-row give-back
 outcomes (``queries/sweep.py``: OUTCOMES, which was a batch already). Each is the single-row statement
 over ``unnest`` arrays: the same guards, the same log entry (its update event) per changed row,
-all in one commit. A request the statement did not change is :data:`~services.ledger.coalescer.UNCHANGED`:
+all in one commit. A request the statement did not change is :data:`~services.ledger.serving.coalescer.UNCHANGED`:
 the single-row path (``resources.py``, ``sweep.py``) answers it, with its replay, 409 or 404.
 
 Each function returns one answer per request, in order, and each answer is what the single-row
@@ -15,11 +15,11 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from services.ledger import statuses
-from services.ledger.coalescer import UNCHANGED
-from services.ledger.queries.resources import ADD_RESOURCES, TRANSITIONS
+from services.ledger.database.queries.resources import ADD_RESOURCES, TRANSITIONS
+from services.ledger.database.store import Change, Database, Json, resource_changes, rows
 from services.ledger.resources import cut
+from services.ledger.serving.coalescer import UNCHANGED
 from services.ledger.statuses import Outcome, Transition
-from services.ledger.store import Change, Database, Json, resource_changes, rows
 from services.ledger.sweep import outcome_params, outcome_rows
 from shared.contracts import ledger as c
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.ledger.queries.fragments import run_events
-from services.ledger.queries.statement import Statement, compose
+from services.ledger.database.queries.fragments import run_events
+from services.ledger.database.queries.statement import Statement, compose
 
 CREATE_RUN = Statement("CREATE_RUN", """
     A new run (status and cleanup status: the columns' defaults) with its run.created entry and

@@ -12,8 +12,8 @@ from http import HTTPStatus
 from typing import Any
 
 from services.ledger import console, expiry, resources, runs, statuses, sweep
-from services.ledger.hot_subjects import HotActions
-from services.ledger.store import Change, Database
+from services.ledger.database.store import Change, Database
+from services.ledger.serving.hot_subjects import HotActions
 from shared import replies, subjects
 from shared.contracts import ledger as c
 

@@ -1,6 +1,6 @@
 """The ledger's hot subjects and their coalescers: reserve, record, confirm, fail and the one-row
 give-back outcomes (reverted, drifted, failed), each request waiting for the next statement of
-its kind (services/ledger/coalescer.py) that ``batches.py`` writes for many and ``resources.py``
+its kind (services/ledger/serving/coalescer.py) that ``batches.py`` writes for many and ``resources.py``
 or ``sweep.py`` for one. ``ledger.sweep.outcomes`` is a batch already: it is served on the same
 nats-py path (``dispatcher.py``) but needs no coalescer, as do a sweep's candidates, claim and
 finish. Which path serves each subject is ``request_paths.SERVED``."""
@@ -11,10 +11,11 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from services.ledger import batches, resources, statuses, sweep
-from services.ledger.coalescer import Coalescer
+from services.ledger import resources, statuses, sweep
+from services.ledger.database.store import Change, Database, Json
+from services.ledger.serving import batches
+from services.ledger.serving.coalescer import Coalescer
 from services.ledger.statuses import Outcome
-from services.ledger.store import Change, Database, Json
 from shared.contracts import ledger as c
 from shared.metrics import Buckets
 

@@ -7,8 +7,8 @@ mark, :func:`tuple_mark`), so that a rendered page can be served again while
 from __future__ import annotations
 
 from services.ledger import statuses
-from services.ledger.queries.fragments import NOW_MS, deadline_passed, resource_json, run_json
-from services.ledger.queries.statement import Statement, compose
+from services.ledger.database.queries.fragments import NOW_MS, deadline_passed, resource_json, run_json
+from services.ledger.database.queries.statement import Statement, compose
 
 DETAIL_INLINE_MAX = 128 * 1024
 """The largest log entry ``detail`` a page carries (bytes as PostgreSQL prints it). Requests cap

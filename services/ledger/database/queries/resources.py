@@ -4,8 +4,8 @@ or its target's holder, tell a replay from a conflict, reconcile a module's rows
 
 from __future__ import annotations
 
-from services.ledger.queries.fragments import TARGET_DETAIL, resource_events, resource_json
-from services.ledger.queries.statement import Statement, compose
+from services.ledger.database.queries.fragments import TARGET_DETAIL, resource_events, resource_json
+from services.ledger.database.queries.statement import Statement, compose
 
 
 def _added() -> str:
@@ -60,7 +60,7 @@ TRANSITION = Statement("TRANSITION", """
                                           "jsonb_build_object('status', c.status, 'error', CAST(:error AS text))")))
 
 ADD_RESOURCES = Statement("ADD_RESOURCES", """
-    ADD_RESOURCE for a batch (services/ledger/batches.py): one row of the unnest arrays per
+    ADD_RESOURCE for a batch (services/ledger/serving/batches.py): one row of the unnest arrays per
     resource, all of status :status, each inserted, logged and its run's cleanup reopened exactly
     as ADD_RESOURCE does it alone. A row whose key was used, or whose run is missing (or over,
     when :open_only), is not inserted and not returned; its request is answered alone. A live
@@ -81,7 +81,7 @@ ADD_RESOURCES = Statement("ADD_RESOURCES", """
     ), $added""", added=_ADDED))
 
 TRANSITIONS = Statement("TRANSITIONS", """
-    TRANSITION for a batch (services/ledger/batches.py): each row :ids (with its error of
+    TRANSITION for a batch (services/ledger/serving/batches.py): each row :ids (with its error of
     :errors) moves to :to if its status is one of :allowed, with its log entry and event, as
     TRANSITION does it alone. Rows elsewhere, and unknown ids, are not returned; their requests
     are answered alone.""", compose("""

@@ -36,7 +36,7 @@ import asyncpg
 from nats.aio.client import Client as NATS
 from nats.js.errors import NotFoundError
 
-from services.ledger.queries.outbox import (
+from services.ledger.database.queries.outbox import (
     LEGACY_ANY,
     LEGACY_DELETE,
     LEGACY_MARK,

@@ -12,10 +12,10 @@ import, kept by family: a statement is in the module named for what it is for.
 - ``schema.py``: the migrations' lock and the schema's revision;
 - ``store.py``: the store's own (a paged read's plan, a run by id).
 
-``statement.py`` makes a statement (:class:`~services.ledger.queries.statement.Statement`,
-:func:`~services.ledger.queries.statement.compose`); ``fragments.py`` holds the SQL several
+``statement.py`` makes a statement (:class:`~services.ledger.database.queries.statement.Statement`,
+:func:`~services.ledger.database.queries.statement.compose`); ``fragments.py`` holds the SQL several
 families share — a run or resource row rendered as its wire JSON, the outbox ``events`` CTE, a
-run's cleanup settled. ``python -m services.ledger.queries`` prints every statement in full
+run's cleanup settled. ``python -m services.ledger.database.queries`` prints every statement in full
 (``--names``: their names); ``tests/ledger/test_queries.py`` prepares every one against a
 migrated database, so a typo fails a test, not a request.
 
@@ -31,8 +31,8 @@ import sys
 from collections.abc import Iterator
 from types import ModuleType
 
-from services.ledger.queries import console, expiry, outbox, resources, runs, schema, store, sweep
-from services.ledger.queries.statement import Statement
+from services.ledger.database.queries import console, expiry, outbox, resources, runs, schema, store, sweep
+from services.ledger.database.queries.statement import Statement
 
 FAMILIES: tuple[ModuleType, ...] = (store, runs, resources, expiry, sweep, console, outbox, schema)
 """Every family, in the order :func:`listing` prints them."""
@@ -67,7 +67,7 @@ def listing(names: list[str] | None = None) -> Iterator[str]:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m services.ledger.queries [--names | NAME …]``: print the statements."""
+    """``python -m services.ledger.database.queries [--names | NAME …]``: print the statements."""
     if argv[:1] == ["--names"]:
         print("\n".join(STATEMENTS))
         return 0
