@@ -27,7 +27,22 @@ from services.gateway.pipeline import PublishPipeline
 log = logging.getLogger("shardbus.gateway.publisher")
 
 RETRY_PAUSE_S = 0.2
-"""Pause before publishing a frame again after a failure (NATS away, no acknowledgement)."""
+"""First pause before publishing a frame again after a failure (NATS away, no acknowledgement,
+a transient answer); it doubles with each failure of the same frame, up to ``RETRY_PAUSE_MAX_S``."""
+
+RETRY_PAUSE_MAX_S = 2.0
+"""Longest pause between two resends of one frame (docs/gateway.md, "Frames")."""
+
+FIRST_RESEND_TIMEOUT_S = 1.0
+"""How long the first resend of a frame waits for JetStream's answer (at most the acknowledgement
+timeout); each timeout of the same frame doubles it up to ``SHARDBUS_PUBLISH_ACK_TIMEOUT_S``. A
+resend carries the frame's message id, so one that times out and is sent again is stored once:
+a short first wait shortens recovery after an election (issue 36: 5 s steps before)."""
+
+TRANSIENT_ERR_CODES = frozenset({10158, 10167})
+"""JetStream error codes whose 4xx answer says nothing against the message: 10158 (409
+"duplicate message id is in process": a leader still holds an earlier copy of it, uncommitted,
+e.g. a minority leader during a partition) and 10167 (429 "too many requests")."""
 
 REFUSALS_BEFORE_DEAD_LETTER = 5
 """Times JetStream may refuse one message while NATS is up (not a timeout: an error answer)
@@ -41,14 +56,38 @@ REASON_CHARS = 300
 """Longest reason header: headers count against NATS's max payload."""
 
 
+def is_transient(error: Exception) -> bool:
+    """True for a JetStream 4xx answer that is about the stream's state, not the message
+    (:data:`TRANSIENT_ERR_CODES`; a 409 "... in process" named by its text when a server sends
+    no error code)."""
+    if not isinstance(error, nats.js.errors.APIError):
+        return False
+    if error.err_code in TRANSIENT_ERR_CODES or error.code == 429:
+        return True
+    return error.code == 409 and "in process" in (error.description or "")
+
+
 def refuses_the_message(error: Exception) -> bool:
-    """True when the error is about this message (too big, a bad subject, JetStream's 4xx),
-    not about NATS being slow, away or electing a leader (retried for as long as it takes,
-    so nothing is lost or reordered during a fault)."""
+    """True when the error is about this message (too big, a bad subject, JetStream's 4xx but
+    the transient ones), not about NATS being slow, away, electing a leader or still storing an
+    earlier copy (retried for as long as it takes, so nothing is lost or reordered during a
+    fault; docs/gateway.md, "Frames")."""
     if isinstance(error, (nats.errors.MaxPayloadError, nats.errors.BadSubjectError)):
         return True
     code = getattr(error, "code", None)
-    return isinstance(error, nats.js.errors.APIError) and isinstance(code, int) and 400 <= code < 500
+    return (isinstance(error, nats.js.errors.APIError) and isinstance(code, int) and 400 <= code < 500
+            and not is_transient(error))
+
+
+def describe(error: BaseException) -> str:
+    """An error as a log line or a reason header needs it: its type and, for JetStream's answers,
+    the status code, the error code and the description (``repr`` of nats-py's ``APIError``
+    shows none of them: "APIError()")."""
+    if isinstance(error, nats.js.errors.APIError):
+        return (f"{type(error).__name__} code={error.code} err_code={error.err_code}: "
+                f"{error.description or 'no description'}")
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 class ShardPublisher:
@@ -76,6 +115,9 @@ class ShardPublisher:
         """Bytes put and not yet stored (queued or in flight): bounded by ``buffer_bytes``."""
         self.most_held_bytes = 0
         self.dead_lettered = 0
+        self.given_up = 0
+        """Messages taken off the window without JetStream storing them (refused, dead-lettered):
+        never acknowledged to the shard."""
         self._room = asyncio.Event()
         self.on_stored = on_stored
         self.published = 0
@@ -222,35 +264,56 @@ class ShardPublisher:
         return {"Nats-Msg-Id": item.msg_id, **(item.headers or {})}
 
     async def _republish_in_order(self, exc: Exception) -> None:
-        """Publish every unacknowledged message again, one at a time, in order."""
+        """Publish every unacknowledged message again, one at a time, in order.
+
+        A frame leaves the window acknowledged to the shard (``frame.ack``) only once JetStream
+        answered that it holds it. A transient failure (NATS away, a timeout, no responders, a
+        409 "duplicate message id is in process") is retried with the same message id, with
+        back-off, until it is stored: it is never counted as a refusal. Only a message JetStream
+        refuses for itself is dead-lettered after ``REFUSALS_BEFORE_DEAD_LETTER`` refusals, and
+        it is then *not* acknowledged (docs/gateway.md, "Frames"; ADR 0013)."""
         log.warning("JetStream did not acknowledge; publishing again in order",
-                    extra={"reason": repr(exc), "count": len(self._in_flight)})
+                    extra={"reason": describe(exc), "count": len(self._in_flight)})
         while self._in_flight:
             item = self._in_flight[0].item
             refusals = 0
+            pause = RETRY_PAUSE_S
+            timeout = min(FIRST_RESEND_TIMEOUT_S, self.ack_timeout_s)
+            stored = False
             while True:
                 await self.pipeline.connected()
                 try:
-                    await self.js.publish(item.subject, item.data, timeout=self.ack_timeout_s,
+                    await self.js.publish(item.subject, item.data, timeout=timeout,
                                           headers=self._headers(item))
+                    stored = True
                     break
                 except Exception as error:  # noqa: BLE001 — retried; refused ones are dead-lettered
                     self.retries += 1
-                    log.debug("publish failed, retrying", extra={"reason": repr(error)})
+                    log.debug("publish failed, retrying", extra={"reason": describe(error)})
                     if refuses_the_message(error):
                         refusals += 1
                         if refusals >= REFUSALS_BEFORE_DEAD_LETTER:
                             await self._dead_letter(item, error)
                             break
-                await asyncio.sleep(RETRY_PAUSE_S)
+                    else:
+                        refusals = 0  # refusals count in a row: a transient answer between starts over
+                        if isinstance(error, (TimeoutError, nats.errors.TimeoutError)):
+                            timeout = min(timeout * 2, self.ack_timeout_s)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, RETRY_PAUSE_MAX_S)
             self._in_flight.popleft()
-            self._stored(item)
+            if stored:
+                self._stored(item)
+            else:
+                self._given_up(item)
 
     async def _dead_letter(self, item: Outgoing, error: Exception) -> None:
-        """Keep a message JetStream keeps refusing on the dead-letter subject, with why."""
-        reason = f"JetStream refused it {REFUSALS_BEFORE_DEAD_LETTER} times: {error!r}"[:REASON_CHARS]
-        log.error("a message JetStream keeps refusing was dead-lettered",
-                  extra={"subject": item.subject, "reason": reason, "bytes": len(item.data)})
+        """Keep a message JetStream keeps refusing on the dead-letter subject, with why; the log
+        says whether the dead letter itself was stored (and JetStream's answer when it was not)."""
+        reason = f"JetStream refused it {REFUSALS_BEFORE_DEAD_LETTER} times: {describe(error)}"[:REASON_CHARS]
+        log.error("a message JetStream keeps refusing is dead-lettered and not acknowledged",
+                  extra={"subject": item.subject, "reason": reason, "bytes": len(item.data),
+                         "seq": item.ack_seq})
         if self.dead_letter_subject is None or item.subject == self.dead_letter_subject:
             return  # a refused dead letter: the log line above is all that can be kept
         room = max(0, self.nc.max_payload - 4096)
@@ -263,7 +326,15 @@ class ShardPublisher:
                                   headers=headers)
             self.dead_lettered += 1
         except Exception as again:  # noqa: BLE001 — the log line is all that can be kept
-            log.error("the dead letter was refused too", extra={"reason": repr(again)})
+            what = ("the dead letter was refused too" if refuses_the_message(again)
+                    else "the dead letter was not stored: JetStream did not take it")
+            log.error(what, extra={"subject": item.subject, "reason": describe(again)})
+
+    def _given_up(self, item: Outgoing) -> None:
+        """A message that left the window without being stored: its room is given back, and it is
+        not acknowledged (a shard keeps it and resends it after a reconnect)."""
+        self._release(item)
+        self.given_up += 1
 
     def _stored(self, item: Outgoing) -> None:
         self._release(item)

@@ -133,6 +133,29 @@ async def test_a_frame_jetstream_keeps_refusing_is_dead_lettered_and_the_shard_g
         await js.update_stream(StreamConfig.from_response({**info.config.as_dict(), "max_msg_size": -1}))
 
 
+async def test_a_sequenced_frame_jetstream_refuses_is_dead_lettered_and_never_acknowledged(gateway, shard_sims, nc,
+                                                                                           unique):
+    # frame.ack means "stored in SHARD_FRAMES" and nothing else (docs/gateway.md, "Frames"; issue
+    # 36): a frame given up on (dead-lettered) keeps its seq unacknowledged, so a shard that trusts
+    # frame.ack keeps it. Before, the gateway acknowledged it once it was dead-lettered.
+    js = nc.jetstream()
+    info = await js.stream_info(gateway.settings.frames_stream)
+    await js.update_stream(StreamConfig.from_response({**info.config.as_dict(), "max_msg_size": 2000}))
+    try:
+        sim = await shard_sims(gateway, f"q{unique}", sequenced=True)
+        letters = await collect(nc, subjects.deadletter(sim.shard), 1, timeout=20,
+                                start=lambda: sim.send("too.big", pad="p" * 3000))
+        refused_seq = json.loads(letters[0].data)["seq"]
+        # A later frame is stored and acknowledged: its ack is a fact the refused frame's is
+        # ordered before (frames leave the window in order), so the refused one had its chance.
+        later = await sim.send("small")
+        await wait_until(lambda: later not in sim.unacked, timeout=20)
+        assert refused_seq in sim.unacked  # never acknowledged
+        assert list(sim.unacked) == [refused_seq]
+    finally:
+        await js.update_stream(StreamConfig.from_response({**info.config.as_dict(), "max_msg_size": -1}))
+
+
 async def test_frames_held_while_nats_is_away_are_bounded_in_bytes_and_none_is_lost(own_nats,  # noqa: F811
                                                                                     start_gateway, shard_sims,
                                                                                     unique):
