@@ -65,7 +65,9 @@ def make_broker(settings: CommonSettings, service: str,
         graceful_timeout=STOP_GRACE_S,  # the stop: in-flight requests' time to finish
         security=NatsSecurity(ssl_context=tls["tls"], tls_hostname=tls.get("tls_hostname"),
                               tls_handshake_first=tls["tls_handshake_first"]) if tls else None,
-        **connect_options(service, settings.reconnect_wait_s, settings.reconnect_wait_max_s, servers),
+        **connect_options(service, settings.reconnect_wait_s, settings.reconnect_wait_max_s, servers,
+                          ping_interval_s=settings.nats_ping_interval_s,
+                          max_outstanding_pings=settings.nats_max_outstanding_pings),
     )
     closed.reason = lambda: broker.connection.last_error
     _closed_guards[broker] = closed

@@ -77,10 +77,21 @@ def inbox_prefix(servers: Sequence[str] | str) -> str:
     return "_INBOX"
 
 
+PING_INTERVAL_S = 2.0
+"""How often a connection pings its server unless told otherwise (``SHARDBUS_NATS_PING_INTERVAL_S``)."""
+
+MAX_OUTSTANDING_PINGS = 2
+"""Unanswered pings before the connection is dropped as stale (``SHARDBUS_NATS_MAX_OUTSTANDING_PINGS``)."""
+
+
 def connect_options(service: str, first_wait_s: float = 1.0, max_wait_s: float = 10.0,
-                    servers: Sequence[str] | str = ()) -> dict[str, Any]:
+                    servers: Sequence[str] | str = (), *, ping_interval_s: float = PING_INTERVAL_S,
+                    max_outstanding_pings: int = MAX_OUTSTANDING_PINGS) -> dict[str, Any]:
     """Options for ``nats.connect`` or ``NatsBroker``: named, reconnecting for ever with back-off,
-    hearing replies under the user's own inbox prefix (see :func:`inbox_prefix`)."""
+    hearing replies under the user's own inbox prefix (see :func:`inbox_prefix`), and noticing a
+    silent server within ``ping_interval_s`` × (``max_outstanding_pings`` + 1) — nats-py's 120 s
+    default kept a connection to a node cut off from the network "connected" for minutes, so the
+    client never moved to the healthy nodes listed (docs/reliability.md, "Hosts"; issue 36)."""
     return {
         "name": connection_name(service),
         "allow_reconnect": True,
@@ -88,6 +99,8 @@ def connect_options(service: str, first_wait_s: float = 1.0, max_wait_s: float =
         "reconnect_time_wait": first_wait_s,
         "reconnect_to_server_handler": BackOff(first_wait_s, max_wait_s),
         "inbox_prefix": inbox_prefix(servers),
+        "ping_interval": ping_interval_s,
+        "max_outstanding_pings": max_outstanding_pings,
     }
 
 

@@ -51,6 +51,17 @@ class CommonSettings(BaseSettings):
     reconnect_wait_max_s: float = Field(
         default=10.0, gt=0, description="Longest pause between NATS reconnect attempts."
     )
+    nats_ping_interval_s: float = Field(
+        default=2.0, gt=0,
+        description="How often a service pings its NATS server; a link silent for "
+        "(SHARDBUS_NATS_MAX_OUTSTANDING_PINGS + 1) pings is dropped and the next listed server tried "
+        "(nats-py's default, 120 s, kept a cut-off connection 'connected' for minutes).",
+    )
+    nats_max_outstanding_pings: int = Field(
+        default=2, ge=1,
+        description="Pings to NATS left unanswered before a service drops the connection as stale "
+        "and reconnects (to another listed server when its own is unreachable).",
+    )
     jetstream_replicas: int = Field(
         default=1, ge=1, le=5,
         description="Replicas of every JetStream stream and key-value bucket a service creates "

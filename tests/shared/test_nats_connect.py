@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 
 import pytest
 
 from shardbus import embedded
+from shared.broker import make_broker
 from shared.nats_connect import BackOff, connect, inbox_prefix
+from shared.settings import CommonSettings
 
 
 def test_back_off_doubles_and_is_capped():
@@ -58,3 +61,35 @@ async def test_a_connection_survives_a_server_restart(tmp_path):
 ])
 def test_replies_come_back_under_the_users_own_inbox(servers, prefix):
     assert inbox_prefix(servers) == prefix
+
+
+async def test_a_service_moves_to_another_listed_server_when_its_own_goes_silent(tmp_path):
+    # A server that stops answering without closing the socket (SIGSTOP here; a partition cuts
+    # a link the same way) left nats-py "connected" for 120 s x 2 pings (its defaults): the
+    # service never moved to the healthy servers listed (issue 36). With the service settings'
+    # pings (docs/reliability.md, "Hosts") it is dropped as stale and the other one taken.
+    servers = [embedded.start_nats(tmp_path / name) for name in ("a", "b")]
+    settings = CommonSettings(nats_url=",".join(s.url for s in servers), reconnect_wait_s=0.1,
+                              reconnect_wait_max_s=0.5)
+    broker = make_broker(settings, "test")
+    stopped = None
+    try:
+        nc = await broker.connect()
+        assert nc.options["ping_interval"] == settings.nats_ping_interval_s
+        first = nc.connected_url.port
+        stopped = next(s for s in servers if s.port == first)
+        stopped.proc.send_signal(signal.SIGSTOP)
+        # Waited for with a bound far below what nats-py's defaults needed (240 s): the
+        # precondition of the check below, not a timing claim.
+        async with asyncio.timeout(60):
+            while not (nc.is_connected and nc.connected_url.port != first):
+                await asyncio.sleep(0.1)
+        sub = await nc.subscribe("moved.on")
+        await nc.publish("moved.on", b"x")
+        assert (await sub.next_msg(timeout=5)).data == b"x"
+    finally:
+        if stopped is not None:
+            stopped.proc.send_signal(signal.SIGCONT)
+        await broker.stop()
+        for server in servers:
+            server.stop()
