@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 LOCAL_NATS_URL ?= nats://127.0.0.1:4222
 LOCAL_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
-.PHONY: lock up test test-unit test-integration test-system test-local-servers test-faults test-model test-link-model test-schemathesis bench fault-runs soak docs clean browser promtool npm-tools lint
+.PHONY: lock up test test-unit test-integration test-system test-local-servers test-faults test-hosts test-model test-link-model test-schemathesis bench fault-runs soak docs clean browser promtool npm-tools lint
 
 # Every package comes from requirements.lock, exact versions with their hashes (a release that
 # changed under a version, or a package nothing asked for, is refused); the project itself is
@@ -100,9 +100,10 @@ $(NPM_STAMP): tests/npm/package.json tests/npm/package-lock.json
 WORKERS ?= 4
 PARALLEL = $(if $(SHARDBUS_TEST_NATS_URL)$(SHARDBUS_TEST_DATABASE_URL),,$(if $(filter-out 0 1,$(WORKERS)),-n $(WORKERS) --dist loadgroup))
 
-# The fault suite (tests/faults, marked `faults`) runs on its own: make test-faults.
+# The fault suite (tests/faults, marked `faults`) runs on its own: make test-faults; the hosts
+# scenarios (tests/hosts, marked `hosts`, root) too: make test-hosts.
 test: $(STAMP) browser promtool npm-tools
-	$(NO_STACK) $(PY) -m pytest -m "not faults" $(PARALLEL)
+	$(NO_STACK) $(PY) -m pytest -m "not faults and not hosts" $(PARALLEL)
 
 # By cost (every test has one marker, given by tests/conftest.py): seconds, then minutes.
 test-unit: $(STAMP)
@@ -117,10 +118,17 @@ test-system: $(STAMP) browser promtool npm-tools
 # another's requests from the wrong database.
 test-local-servers: $(STAMP) browser promtool npm-tools
 	$(NO_STACK) SHARDBUS_TEST_NATS_URL=$(LOCAL_NATS_URL) SHARDBUS_TEST_DATABASE_URL=$(LOCAL_DATABASE_URL) \
-		$(PY) -m pytest -m "not faults"
+		$(PY) -m pytest -m "not faults and not hosts"
 
 test-faults: $(STAMP)
 	$(NO_STACK) $(PY) -m pytest -m faults
+
+# Services and a 3-node NATS cluster on hosts made of network namespaces, partitioned with
+# iptables (tests/hosts, docs/reliability.md, "Hosts"). Needs root; elsewhere it is skipped with
+# the reason, unless SHARDBUS_REQUIRE_HOSTS=1 (then it fails). One process: the scenarios
+# take the machine's network setup for themselves.
+test-hosts: $(STAMP)
+	$(NO_STACK) $(PY) -m pytest -m hosts tests/hosts -s -p no:randomly
 
 # The ledger's whole history against its reference model (tests/model), long: MODEL_EXAMPLES
 # examples of up to MODEL_STEPS steps each, MODEL_FAULTS faults an example at most. `make test`

@@ -91,7 +91,7 @@ def connect_options(service: str, first_wait_s: float = 1.0, max_wait_s: float =
     hearing replies under the user's own inbox prefix (see :func:`inbox_prefix`), and noticing a
     silent server within ``ping_interval_s`` × (``max_outstanding_pings`` + 1) — nats-py's 120 s
     default kept a connection to a node cut off from the network "connected" for minutes, so the
-    client never moved to the healthy nodes listed (docs/reliability.md, "Hosts"; issue 36)."""
+    client never moved to the healthy nodes listed (docs/reliability.md, "A silent NATS link"; issue 36)."""
     return {
         "name": connection_name(service),
         "allow_reconnect": True,

@@ -7,12 +7,12 @@ No mock stands in for NATS or PostgreSQL. Every process started here is stopped 
 its own handle; the servers also die with the test run if it is killed (PDEATHSIG).
 
 Every test is also given one cost marker here (docs/architecture.md, "The test suite"):
-``faults`` (tests/faults), ``system`` (starts service processes, ``shardbus`` commands or
-the stack; and tests/deploy: promtool, compose, a container engine), ``integration`` (talks
-to a real server, starts no process of ours) or ``unit`` (neither), from its folder, the
-fixtures it requests, and what its code calls (read with :mod:`ast`: a comment or a string
-does not count). A guard fails a test that starts more than its marker says, and one whose
-marker came from what it calls that did not start it.
+``faults`` (tests/faults), ``hosts`` (tests/hosts: network namespaces, root), ``system`` (starts
+service processes, ``shardbus`` commands or the stack; and tests/deploy: promtool, compose, a
+container engine), ``integration`` (talks to a real server, starts no process of ours) or
+``unit`` (neither), from its folder, the fixtures it requests, and what its code calls (read
+with :mod:`ast`: a comment or a string does not count). A guard fails a test that starts more
+than its marker says, and one whose marker came from what it calls that did not start it.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from tests.processes import ServiceProcesses
 
 # --- cost markers ----------------------------------------------------------------------------
 
-COST_MARKERS = ("unit", "integration", "system", "faults")
+COST_MARKERS = ("unit", "integration", "system", "faults", "hosts")
 
 SERVER_FIXTURES = frozenset({"nats_url", "postgres_admin_url", "database_url", "migrated_database_url",
                              "ledger_template"})
@@ -64,7 +64,7 @@ SERVER_STARTERS = frozenset({"start_nats", "start_nats_cluster", "start_postgres
 
 TESTS = Path(__file__).resolve().parent
 
-FOLDER_COSTS = {"faults": "faults", "system": "system", "deploy": "system"}
+FOLDER_COSTS = {"faults": "faults", "hosts": "hosts", "system": "system", "deploy": "system"}
 """Folders of tests/ whose every test has one cost (tests/deploy: promtool, compose and a
 container engine). Read below tests/ only: a checkout in a folder named ``system`` or
 ``deploy`` marks nothing."""

@@ -67,7 +67,7 @@ async def test_a_service_moves_to_another_listed_server_when_its_own_goes_silent
     # A server that stops answering without closing the socket (SIGSTOP here; a partition cuts
     # a link the same way) left nats-py "connected" for 120 s x 2 pings (its defaults): the
     # service never moved to the healthy servers listed (issue 36). With the service settings'
-    # pings (docs/reliability.md, "Hosts") it is dropped as stale and the other one taken.
+    # pings (docs/reliability.md, "A silent NATS link") it is dropped as stale and the other one taken.
     servers = [embedded.start_nats(tmp_path / name) for name in ("a", "b")]
     settings = CommonSettings(nats_url=",".join(s.url for s in servers), reconnect_wait_s=0.1,
                               reconnect_wait_max_s=0.5)

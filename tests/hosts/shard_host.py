@@ -1,0 +1,120 @@
+"""A shard host (run inside its own namespace by tests/hosts): careful shards that number their
+frames (``seq``), keep each until the gateway's ``frame.ack`` and resend what was not
+acknowledged after every reconnect (the simulator's ``sequenced=True``, docs/gateway.md, "What a
+shard may rely on"). Each sends ``--rate`` frames a second for ``--seconds``, then waits until all
+are acknowledged (at most ``--drain-seconds``), and writes its history as JSON to ``--out``:
+per shard every ``seq`` sent, every ``frame.ack`` received (in order) and what is still
+unacknowledged. ``--progress`` is rewritten twice a second with the acknowledgements so far, so
+the test can wait for frames to flow before it cuts a link.
+
+    python -m tests.hosts.shard_host --gateway 10.231.7.14:2593 --token T --shards 3 --out h.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from simulator.shard import ShardSimulator
+
+KIND = "hosts.tick"
+"""The kind of every frame the shard host sends (a frame with no board: only the stream)."""
+
+
+class RecordingShard(ShardSimulator):
+    """The simulator, recording every ``frame.ack`` it receives."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: list[int] = []
+        self.acks: list[int] = []
+        self.reconnects = 0
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        if message.get("kind") == "frame.ack" and isinstance(message.get("seq"), int):
+            self.acks.append(message["seq"])
+        super()._dispatch(message)
+
+
+async def ensure_connected(sim: RecordingShard, first: bool = False) -> None:
+    """Dial until connected (the simulator resends every unacknowledged frame on connect)."""
+    while not sim.connected or sim.disconnected.is_set():
+        if sim.disconnected.is_set():
+            await sim.drop()  # the gateway ended the link: the frames not acknowledged are kept
+        try:
+            await sim.connect(timeout=2.0)
+            if not first:
+                sim.reconnects += 1
+        except (OSError, TimeoutError):
+            await asyncio.sleep(0.3)
+
+
+async def run_shard(sim: RecordingShard, rate: float, seconds: float, drain_s: float) -> None:
+    await ensure_connected(sim, first=True)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    n = 0
+    while loop.time() - start < seconds:
+        await ensure_connected(sim)
+        seq = sim.next_seq
+        try:
+            await sim.send(KIND, n=n)
+        except (ConnectionError, OSError):
+            pass  # kept as unacknowledged: resent after the reconnect
+        sim.sent.append(seq)
+        n += 1
+        # Paced against the clock: a shard held back (back-pressure) sends what it owes later.
+        await asyncio.sleep(max(0.0, start + n / rate - loop.time()))
+    deadline = loop.time() + drain_s
+    while sim.unacked and loop.time() < deadline:
+        await ensure_connected(sim)
+        await asyncio.sleep(0.1)
+
+
+async def write_progress(path: Path, sims: list[RecordingShard]) -> None:
+    while True:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({s.shard: {"sent": len(s.sent), "acked": len(s.acks), "unacked": len(s.unacked)}
+                                   for s in sims}))
+        os.replace(tmp, path)
+        await asyncio.sleep(0.5)
+
+
+async def main(args: argparse.Namespace) -> None:
+    host, port = args.gateway.rsplit(":", 1)
+    sims = [RecordingShard(host, int(port), f"{args.prefix}{i}", args.token, sequenced=True)
+            for i in range(args.shards)]
+    progress = asyncio.create_task(write_progress(Path(args.progress), sims)) if args.progress else None
+    started = time.time()
+    try:
+        await asyncio.gather(*(run_shard(s, args.rate, args.seconds, args.drain_seconds) for s in sims))
+    finally:
+        if progress is not None:
+            progress.cancel()
+        history = {s.shard: {"sent": s.sent, "acks": s.acks, "unacked": sorted(s.unacked),
+                             "reconnects": s.reconnects} for s in sims}
+        Path(args.out).write_text(json.dumps({"started": started, "ended": time.time(), "shards": history}))
+        await asyncio.gather(*(s.close() for s in sims), return_exceptions=True)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gateway", required=True, help="host:port of the gateway's shard listener")
+    parser.add_argument("--token", required=True)
+    parser.add_argument("--shards", type=int, default=3)
+    parser.add_argument("--prefix", default="h")
+    parser.add_argument("--rate", type=float, default=50.0, help="frames a second per shard")
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--drain-seconds", type=float, default=120.0)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--progress", default="")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse()))
