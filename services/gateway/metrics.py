@@ -47,6 +47,14 @@ def collector(gateway: Callable[[], Gateway | None]) -> Callable[[], Iterator[Me
                      "(in their TLS handshake or before their hello).", served.connections.opening if served else 0)
         yield _gauge("publish_backlog", "Frames read and not yet acknowledged by JetStream.",
                      sum(pub.pending() for pub in publishers))
+        given_up = CounterMetricFamily(f"{NAME}frames_given_up", "Messages taken off a shard's window without "
+                                       "JetStream storing them (refused 5 times in a row, dead-lettered); never "
+                                       "acknowledged to the shard.", value=sum(pub.given_up for pub in publishers))
+        yield given_up
+        resends = CounterMetricFamily(f"{NAME}publish_resends", "Resends of a frame JetStream did not store at "
+                                      "once (a timeout, no responders, 409 \"in process\", a refusal).",
+                                      value=sum(pub.retries for pub in publishers))
+        yield resends
         yield _gauge("unread_bytes", "Bytes written to shards and not yet taken by them.",
                      sum(link.unsent_bytes() for link in links.values() if not link.closed))
         now = time.time()
