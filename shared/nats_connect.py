@@ -27,6 +27,8 @@ from urllib.parse import urlsplit
 import nats
 from nats.aio.client import Client
 
+from shared import natspy_internals
+
 log = logging.getLogger("shardbus.nats")
 
 FATAL_CLOSE_EXIT_CODE = 75
@@ -92,6 +94,7 @@ def connect_options(service: str, first_wait_s: float = 1.0, max_wait_s: float =
     silent server within ``ping_interval_s`` × (``max_outstanding_pings`` + 1) — nats-py's 120 s
     default kept a connection to a node cut off from the network "connected" for minutes, so the
     client never moved to the healthy nodes listed (docs/reliability.md, "A silent NATS link"; issue 36)."""
+    natspy_internals.bound_socket_close()  # else the reconnect waits for the dead socket's close
     return {
         "name": connection_name(service),
         "allow_reconnect": True,

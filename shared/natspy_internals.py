@@ -3,7 +3,8 @@ with the measurements): the gateway writes its frames' HPUB commands itself and 
 nats-py holds for a dead connection; the gateway and the ledger set up ``publish_async``'s
 reply subscription before their first publish; the stop replaces a connection's ``drain``; the
 web door's request mux has its replies dispatched from nats-py's read loop itself
-(services/web/mux.py).
+(services/web/mux.py); and closing a socket waits a bounded time for its buffered bytes
+(:func:`bound_socket_close`).
 
 nats-py is pinned exactly in pyproject.toml. :func:`incompatibilities` names each attribute
 used here that a release lacks or has changed; ``tests/shared/test_library_fences.py`` fails on
@@ -11,6 +12,7 @@ any, so a new nats-py is taken only with this file checked against it."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine
@@ -19,6 +21,7 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.aio.transport import TcpTransport
 from nats.js import JetStreamContext
 
 PINNED = "2.16.0"
@@ -92,6 +95,44 @@ async def subscribe_in_read_loop(nc: Client, subject: str, dispatch: Callable[[M
     return await nc.subscribe(subject, future=future)
 
 
+SOCKET_CLOSE_WAIT_S = 2.0
+"""How long closing a connection's socket waits for the bytes it still buffers to go out."""
+
+
+def bound_socket_close(wait_s: float = SOCKET_CLOSE_WAIT_S) -> None:
+    """Make every nats-py TCP connection's close wait at most ``wait_s`` for its buffered bytes,
+    then abort the socket (once per process; idempotent).
+
+    Before it reconnects, nats-py closes the old socket and awaits the close
+    (``TcpTransport.wait_closed``). Over a link that drops every packet (a partition) the bytes
+    still buffered never go out, so the close never completes and the client stays
+    "reconnecting" until the link heals, never trying the other servers listed: a gateway cut off
+    from its node by iptables noticed the silent link within seconds (its pings) and then sat
+    there for the whole cut (tests/hosts, docs/reliability.md, "A silent NATS link"). A close of a
+    healthy link flushes within the bound, so nothing it would have sent is lost."""
+    current = TcpTransport.wait_closed
+    if getattr(current, "bounded_s", None) == wait_s:
+        return
+    original = getattr(current, "original", current)
+
+    async def wait_closed(self: TcpTransport) -> None:
+        closing = asyncio.ensure_future(original(self))
+        done, _ = await asyncio.wait({closing}, timeout=wait_s)
+        if closing in done:
+            closing.result()
+            return
+        writer = self._io_writer
+        if writer is not None:
+            writer.transport.abort()  # the buffered bytes are dropped: the link is dead anyway
+        await asyncio.wait({closing}, timeout=1.0)
+        if not closing.done():
+            closing.cancel()
+
+    wait_closed.bounded_s = wait_s  # type: ignore[attr-defined]
+    wait_closed.original = original  # type: ignore[attr-defined]
+    TcpTransport.wait_closed = wait_closed  # type: ignore[method-assign]
+
+
 def incompatibilities(client: type[Any] = Client, jetstream: type[Any] = JetStreamContext,
                       installed: str | None = None, subscription: type[Any] = Subscription) -> list[str]:
     """What this file uses that the installed nats-py lacks or has changed (empty: all there)."""
@@ -128,4 +169,7 @@ def incompatibilities(client: type[Any] = Client, jetstream: type[Any] = JetStre
         kept = False
     if not kept:
         found.append("Subscription(conn, future=…)._future is not the future given")
+    waits = getattr(TcpTransport.wait_closed, "original", TcpTransport.wait_closed)
+    if not inspect.iscoroutinefunction(waits) or "_io_writer" not in inspect.getsource(waits):
+        found.append("TcpTransport.wait_closed no longer awaits its _io_writer's close")
     return found

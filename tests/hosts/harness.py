@@ -7,6 +7,7 @@ its own handle; the test process reaches every host over the bridge."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import subprocess
@@ -20,7 +21,6 @@ from typing import Any
 import nats
 import nats.js.errors
 from nats.aio.client import Client
-from nats.js.api import AckPolicy, ConsumerConfig
 
 from shardbus.embedded import SYNC_ALWAYS, nats_server_binary, stop_process
 from shared.broker import health_file_is_fresh
@@ -164,30 +164,43 @@ def connected_node(nodes: list[Node], name_part: str) -> Node | None:
     return None
 
 
-async def read_stream(nc: Client, stream: str, subject: str, timeout: float = 60.0) -> list[Any]:
-    """Every message of ``stream`` under ``subject``, in stream order (an ephemeral pull consumer
-    without acknowledgements: nothing is held back by ``max_ack_pending``)."""
-    js = nc.jetstream()
+async def read_through_leader(nc: Client, stream: str, timeout: float = 120.0) -> list[tuple[str, bytes]]:
+    """Every message of ``stream`` as (subject, data), in stream order, each asked of the stream's
+    leader (``$JS.API.STREAM.MSG.GET``): a consumer may be placed on a replica still behind after
+    a heal, and would show a short history (docs/reliability.md, "Hosts")."""
     deadline = time.monotonic() + timeout
     while True:
-        try:  # after a heal the meta leader may still be settling (503): asked again until it answers
-            sub = await js.pull_subscribe(subject, stream=stream,
-                                          config=ConsumerConfig(ack_policy=AckPolicy.NONE))
-            total = (await sub.consumer_info()).num_pending or 0
-            break
-        except (nats.js.errors.ServiceUnavailableError, TimeoutError):
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.5)
-    got: list[Any] = []
-    try:
-        while len(got) < total:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"read {len(got)} of {total} messages of {stream} {subject} within {timeout} s")
+        try:
+            info = await stream_info(nc, stream)
+            if "error" not in info:
+                break
+        except TimeoutError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{stream} answered no stream info within {timeout} s")
+        await asyncio.sleep(0.5)
+    state = info.get("state") or {}
+    first, last = int(state.get("first_seq") or 1), int(state.get("last_seq") or 0)
+
+    async def one(seq: int) -> tuple[str, bytes] | None:
+        while True:
             try:
-                got.extend(await sub.fetch(min(500, total - len(got)), timeout=5))
+                msg = await nc.request(f"$JS.API.STREAM.MSG.GET.{stream}", json.dumps({"seq": seq}).encode(),
+                                       timeout=5)
+                answer = json.loads(msg.data)
+                if "message" in answer:
+                    got = answer["message"]
+                    return got["subject"], base64.b64decode(got.get("data") or "")
+                if (answer.get("error") or {}).get("code") == 404:
+                    return None  # deleted (none are, in these streams)
             except TimeoutError:
-                continue
-    finally:
-        await sub.unsubscribe()
-    return got
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{stream} seq {seq} not read within {timeout} s")
+            await asyncio.sleep(0.2)
+
+    found: list[tuple[str, bytes]] = []
+    for start in range(first, last + 1, 100):
+        batch = await asyncio.gather(*(one(seq) for seq in range(start, min(last, start + 99) + 1)))
+        found.extend(m for m in batch if m is not None)
+    return found
