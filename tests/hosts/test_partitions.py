@@ -179,6 +179,10 @@ async def run_scenario(tmp_path: Path, name: str, nemesis: Nemesis, **gateway_se
             kept = keep(tmp_path, name)
     elapsed = time.monotonic() - started_at
     log = gateway.log()
+    # A replica stuck catching up logs this every 3-4 s (NATS's raft; docs/reliability.md, "Hosts").
+    stuck = sum(node.started.log().count("Expected first catchup entry to be a snapshot") for node in nodes)
+    if stuck:
+        notes["raft catch-up retries logged"] = stuck
     shown = "".join(f"; {key} {value}" for key, value in notes.items())
     line = (f"hosts, {name}: {verdict.summary()}; {verdict.resent_deduplicated} acks repeated; "
             f"resends answered 409 in process: {log.count('duplicate message id is in process')}{shown}; "
