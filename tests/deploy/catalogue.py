@@ -28,6 +28,8 @@ _OURS: dict[str, tuple[str, ...]] = {
     "shardbus_gateway_deadletters_total": ("reason",),
     "shardbus_gateway_commands_total": ("status",),
     "shardbus_gateway_publish_backlog": (),
+    "shardbus_gateway_connections_opening": (),
+    "shardbus_gateway_connections_refused_total": ("reason",),
     "shardbus_gateway_frames_given_up_total": (),
     "shardbus_gateway_publish_resends_total": (),
     "shardbus_gateway_unread_bytes": (),
