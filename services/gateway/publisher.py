@@ -276,36 +276,38 @@ class ShardPublisher:
                     extra={"reason": describe(exc), "count": len(self._in_flight)})
         while self._in_flight:
             item = self._in_flight[0].item
-            refusals = 0
-            pause = RETRY_PAUSE_S
-            timeout = min(FIRST_RESEND_TIMEOUT_S, self.ack_timeout_s)
-            stored = False
-            while True:
-                await self.pipeline.connected()
-                try:
-                    await self.js.publish(item.subject, item.data, timeout=timeout,
-                                          headers=self._headers(item))
-                    stored = True
-                    break
-                except Exception as error:  # noqa: BLE001 — retried; refused ones are dead-lettered
-                    self.retries += 1
-                    log.debug("publish failed, retrying", extra={"reason": describe(error)})
-                    if refuses_the_message(error):
-                        refusals += 1
-                        if refusals >= REFUSALS_BEFORE_DEAD_LETTER:
-                            await self._dead_letter(item, error)
-                            break
-                    else:
-                        refusals = 0  # refusals count in a row: a transient answer between starts over
-                        if isinstance(error, (TimeoutError, nats.errors.TimeoutError)):
-                            timeout = min(timeout * 2, self.ack_timeout_s)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, RETRY_PAUSE_MAX_S)
+            stored = await self._resend_until_settled(item)
             self._in_flight.popleft()
             if stored:
                 self._stored(item)
             else:
                 self._given_up(item)
+
+    async def _resend_until_settled(self, item: Outgoing) -> bool:
+        """Publish ``item`` again until JetStream holds it (True) or has refused it
+        ``REFUSALS_BEFORE_DEAD_LETTER`` times in a row and it was dead-lettered (False)."""
+        refusals = 0
+        pause = RETRY_PAUSE_S
+        timeout = min(FIRST_RESEND_TIMEOUT_S, self.ack_timeout_s)
+        while True:
+            await self.pipeline.connected()
+            try:
+                await self.js.publish(item.subject, item.data, timeout=timeout, headers=self._headers(item))
+                return True
+            except Exception as error:  # noqa: BLE001 — retried; refused ones are dead-lettered
+                self.retries += 1
+                log.debug("publish failed, retrying", extra={"reason": describe(error)})
+                if refuses_the_message(error):
+                    refusals += 1
+                    if refusals >= REFUSALS_BEFORE_DEAD_LETTER:
+                        await self._dead_letter(item, error)
+                        return False
+                else:
+                    refusals = 0  # refusals count in a row: a transient answer between starts over
+                    if isinstance(error, (TimeoutError, nats.errors.TimeoutError)):
+                        timeout = min(timeout * 2, self.ack_timeout_s)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RETRY_PAUSE_MAX_S)
 
     async def _dead_letter(self, item: Outgoing, error: Exception) -> None:
         """Keep a message JetStream keeps refusing on the dead-letter subject, with why; the log
