@@ -27,14 +27,10 @@ from services.gateway.pipeline import PublishPipeline
 from services.gateway.publisher import ShardPublisher
 from services.gateway.settings import GatewaySettings
 from services.gateway.streams import declare_streams
+from shared.nats_calls import HEADER_ROOM  # headers' room under max_payload (Nats-Msg-Id, Shardbus-Reason)
 from shared.tls import ReloadingServerContext
 
 log = logging.getLogger("shardbus.gateway")
-
-HEADER_ROOM = 4096
-"""Bytes of a NATS message kept for headers (Nats-Msg-Id, Shardbus-Reason): the server's
-max_payload counts headers and body together, and a publish over it closes the connection."""
-
 
 class Gateway:
     """Every shard link of this replica (``connections``), what their lines become (``intake``,

@@ -30,6 +30,7 @@ from nats.aio.subscription import Subscription
 from services.gateway.nats_protocol import hpub
 from services.gateway.outgoing import InFlight
 from shared import natspy_internals
+from shared.nats_calls import HEADER_ROOM  # headers' room under max_payload (Nats-Msg-Id, Shardbus-Reason)
 
 log = logging.getLogger("shardbus.gateway.publisher")
 
@@ -41,9 +42,6 @@ NO_RESPONDERS = "503"
 
 WATCH_EVERY_S = 0.5
 """How often the watchdog looks for acknowledgements overdue (at most this late)."""
-
-HEADER_ROOM = 4096
-"""Bytes kept for headers under ``max_payload`` (a larger frame goes through nats-py's checks)."""
 
 ERROR_CHARS = 300
 """Longest error text kept from an acknowledgement that is not JSON."""
