@@ -35,7 +35,7 @@ the documented answers                                                   wants a
 ========================================================  =============  ===================
 
 A gateway's command reply never carries 503 or 504 for a shard's answer (the shard's answers
-map to 200, 400, 403, 404, 409, 425 and 429: services/gateway/reply_mapping.py), so on the
+map to 200, 400, 403, 404, 409, 425 and 429: services/gateway/commands/reply_mapping.py), so on the
 command plane a 503 or a 504 is always the gateway saying the shard was not there to answer.
 """
 

@@ -5,7 +5,7 @@ afford); ``metrics.py`` reads them at scrape time. Every label value is from a k
 
 from __future__ import annotations
 
-from services.gateway.handshake import REFUSAL_LABELS
+from services.gateway.shard_link.handshake import REFUSAL_LABELS
 from shared.metrics import OTHER, Buckets
 
 FRAME_KINDS = frozenset({

@@ -16,17 +16,17 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from services.gateway.board_store import BoardStore
-from services.gateway.command_relay import CommandRelay
-from services.gateway.connections import Connections
+from services.gateway.boards.store import BoardStore
+from services.gateway.commands.command_relay import CommandRelay
 from services.gateway.counts import GatewayCounts
-from services.gateway.handshake import TLSHandoff
 from services.gateway.intake import FrameIntake
-from services.gateway.link import ShardLink
-from services.gateway.pipeline import PublishPipeline
-from services.gateway.publisher import ShardPublisher
+from services.gateway.publishing.pipeline import PublishPipeline
+from services.gateway.publishing.publisher import ShardPublisher
+from services.gateway.publishing.streams import declare_streams
 from services.gateway.settings import GatewaySettings
-from services.gateway.streams import declare_streams
+from services.gateway.shard_link.connections import Connections
+from services.gateway.shard_link.handshake import TLSHandoff
+from services.gateway.shard_link.link import ShardLink
 from shared.nats_calls import HEADER_ROOM  # headers' room under max_payload (Nats-Msg-Id, Shardbus-Reason)
 from shared.tls import ReloadingServerContext
 

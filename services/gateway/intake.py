@@ -15,16 +15,16 @@ from typing import Any
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from services.gateway.board_store import BoardStore
-from services.gateway.boards import RULES_BY_KIND, Op, RosterAssembler, board_ops
-from services.gateway.command_relay import CommandRelay, Reply
+from services.gateway.boards.rules import RULES_BY_KIND, Op, RosterAssembler, board_ops
+from services.gateway.boards.store import BoardStore
+from services.gateway.commands.command_relay import CommandRelay, Reply
 from services.gateway.counts import BOARD_UNUSABLE, GatewayCounts, reason_label
-from services.gateway.link import ShardLink
-from services.gateway.outgoing import Outgoing
-from services.gateway.pipeline import PublishPipeline
-from services.gateway.publisher import REASON_CHARS, REASON_HEADER, ShardPublisher
+from services.gateway.publishing.outgoing import Outgoing
+from services.gateway.publishing.pipeline import PublishPipeline
+from services.gateway.publishing.publisher import REASON_CHARS, REASON_HEADER, ShardPublisher
 from services.gateway.settings import GatewaySettings
-from services.gateway.wire import DeadLetter, sort_line
+from services.gateway.shard_link.link import ShardLink
+from services.gateway.shard_link.wire import DeadLetter, sort_line
 from shared import subjects
 
 log = logging.getLogger("shardbus.gateway")

@@ -13,7 +13,7 @@ import pytest
 
 from services.cleanup import classify
 from services.cleanup.classify import Verdict
-from services.gateway.reply_mapping import status_for
+from services.gateway.commands.reply_mapping import status_for
 from simulator.seed_wire import DRIFTED, SENTENCE_EXAMPLES
 
 

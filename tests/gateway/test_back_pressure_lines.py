@@ -83,7 +83,7 @@ async def test_a_shard_reading_slowly_is_paused_not_disconnected(start_gateway, 
     than it writes frames has its lines held once the gateway's writes to it pile up (lowered
     here), instead of the link ending at ``UNREAD_MAX``; once it reads, everything is stored
     and acknowledged."""
-    from services.gateway import line_reader
+    from services.gateway.shard_link import line_reader
 
     monkeypatch.setattr(line_reader, "WRITE_HIGH_WATER", 100_000)  # above the transport's own 64 KiB
     running = await start_gateway(buffer_frames=100_000)  # never full here: only the acks hold it

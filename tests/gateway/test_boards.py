@@ -243,7 +243,7 @@ async def test_unfinished_rosters_of_many_guilds_are_bounded_by_their_lines_byte
     """A shard that starts roster after roster and finishes none (chunks as in docs/gateway.md, "Boards", every one
     with ``more``): what the gateway holds for them is bounded by their lines' bytes, the oldest
     discarded first; a roster finished afterwards is still written whole."""
-    from services.gateway.boards import RosterAssembler
+    from services.gateway.boards.rules import RosterAssembler
 
     sim = await shard_sims(gateway, f"r{unique}")
     link = gateway.gateway.links[sim.shard]

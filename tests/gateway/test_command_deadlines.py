@@ -13,7 +13,7 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from services.gateway.command_relay import UNSENT_LIMIT
+from services.gateway.commands.command_relay import UNSENT_LIMIT
 from shared import subjects
 from tests.gateway.conftest import INTEREST_SETTLE_S, TOKEN, wait_until
 

@@ -12,7 +12,7 @@ import socket
 import pytest
 from nats.js.api import StreamConfig
 
-from services.gateway.publisher import REFUSALS_BEFORE_DEAD_LETTER
+from services.gateway.publishing.publisher import REFUSALS_BEFORE_DEAD_LETTER
 from shared import subjects
 from tests.gateway.conftest import TOKEN, collect, refused, wait_until
 from tests.gateway.test_listener import stored_frames
@@ -226,7 +226,7 @@ async def test_a_shard_that_sends_and_never_reads_is_disconnected_before_its_bac
     """Every stored frame with a ``seq`` is acknowledged to the shard (``frame.ack``), unasked: a
     shard that keeps sending and reads nothing would make the gateway hold every one of them.
     Past ``link.UNREAD_MAX`` bytes waiting (lowered here) the gateway ends the link, saying why."""
-    from services.gateway import link as link_module
+    from services.gateway.shard_link import link as link_module
 
     monkeypatch.setattr(link_module, "UNREAD_MAX", 50_000)
     shard = f"deaf{unique}"

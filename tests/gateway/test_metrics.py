@@ -8,9 +8,9 @@ import json
 
 from services.gateway import counts as gateway_counts
 from services.gateway.app import create_app
-from services.gateway.boards import BOARD_RULES
+from services.gateway.boards.rules import BOARD_RULES
 from services.gateway.settings import GatewaySettings
-from services.gateway.wire import DeadLetter, sort_line
+from services.gateway.shard_link.wire import DeadLetter, sort_line
 from shardbus.embedded import free_port, port_is_free
 from simulator import seed_wire
 from simulator.shard import ShardSimulator

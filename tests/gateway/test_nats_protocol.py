@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from services.gateway import nats_protocol
+from services.gateway.publishing import nats_protocol
 
 
 async def test_a_frame_and_a_reply_written_by_the_gateway_arrive_as_client_publish_sends_them(nc, unique):

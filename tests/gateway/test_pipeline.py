@@ -10,8 +10,8 @@ import json
 
 import nats
 
-from services.gateway import nats_protocol
-from services.gateway.pipeline import PublishPipeline
+from services.gateway.publishing import nats_protocol
+from services.gateway.publishing.pipeline import PublishPipeline
 from shared import subjects
 from tests.gateway.conftest import wait_until
 from tests.gateway.test_listener import stored_frames

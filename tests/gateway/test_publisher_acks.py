@@ -9,7 +9,7 @@ import time
 
 from nats.js.api import StreamConfig
 
-from services.gateway.publisher import REFUSALS_BEFORE_DEAD_LETTER
+from services.gateway.publishing.publisher import REFUSALS_BEFORE_DEAD_LETTER
 from shared import subjects
 from tests.gateway.conftest import collect, wait_until
 from tests.gateway.test_listener import stored_frames

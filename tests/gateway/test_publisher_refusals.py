@@ -11,7 +11,7 @@ import nats.errors
 import nats.js.errors
 import pytest
 
-from services.gateway.publisher import describe, is_transient, refuses_the_message
+from services.gateway.publishing.publisher import describe, is_transient, refuses_the_message
 
 IN_PROCESS = nats.js.errors.APIError(code=409, err_code=10158, description="duplicate message id is in process")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.reply_mapping import plane, status_for
+from services.gateway.commands.reply_mapping import plane, status_for
 from simulator.seed_wire import STATUS_ROWS
 
 

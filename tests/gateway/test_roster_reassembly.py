@@ -3,7 +3,7 @@ roster is written whole, never partial."""
 
 from __future__ import annotations
 
-from services.gateway.boards import RosterAssembler
+from services.gateway.boards.rules import RosterAssembler
 
 
 def chunk(seq: int, members: list, more: bool) -> dict:

@@ -9,7 +9,7 @@ import secrets
 
 import pytest
 
-from services.gateway.wire import HelloRefused, check_hello
+from services.gateway.shard_link.wire import HelloRefused, check_hello
 from shared import subjects
 from tests.gateway.conftest import INTEREST_SETTLE_S, TOKEN, refused
 

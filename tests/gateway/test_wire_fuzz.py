@@ -10,7 +10,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.gateway.wire import (
+from services.gateway.shard_link.wire import (
     DeadLetter,
     Frame,
     HelloRefused,

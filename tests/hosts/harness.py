@@ -23,7 +23,7 @@ import nats.js.errors
 from nats.aio.client import Client
 
 from shardbus.embedded import SYNC_ALWAYS, nats_server_binary, stop_process
-from shared.broker import health_file_is_fresh
+from shared.health import health_file_is_fresh
 from tests.hosts.net import Host
 
 CLIENT_PORT, ROUTE_PORT, MONITOR_PORT, SHARD_PORT = 4222, 6222, 8222, 2593

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.board_store import NEWS_ID
-from services.gateway.boards import RULES_BY_KIND, item_id
-from services.gateway.wire import is_safe_kind
+from services.gateway.boards.rules import RULES_BY_KIND, item_id
+from services.gateway.boards.store import NEWS_ID
+from services.gateway.shard_link.wire import is_safe_kind
 from services.installer.manifest import is_module_id
 from shared.contracts.ledger import is_module_name
 from shared.subjects import is_shard_id

@@ -20,15 +20,15 @@ from typing import cast
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from services.gateway.board_store import direct, news_line
-from services.gateway.command_relay import CommandRelay
+from services.gateway.boards.store import direct, news_line
+from services.gateway.commands.command_relay import CommandRelay
 from services.gateway.counts import GatewayCounts
-from services.gateway.handshake import HandshakeRefused, accept_tls
 from services.gateway.intake import FrameIntake, Spawn
-from services.gateway.line_reader import ShardLines
-from services.gateway.link import ShardLink
 from services.gateway.settings import GatewaySettings
-from services.gateway.wire import Hello, HelloRefused, LineTooLong, check_hello, read_line
+from services.gateway.shard_link.handshake import HandshakeRefused, accept_tls
+from services.gateway.shard_link.line_reader import ShardLines
+from services.gateway.shard_link.link import ShardLink
+from services.gateway.shard_link.wire import Hello, HelloRefused, LineTooLong, check_hello, read_line
 from shared import asyncio_internals, subjects
 from shared.tls import ReloadingServerContext
 

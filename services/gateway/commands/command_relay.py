@@ -24,11 +24,12 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from services.gateway import command_plane, nats_protocol
-from services.gateway.command_plane import CommandRejected
+from services.gateway.commands import command_plane
+from services.gateway.commands.command_plane import CommandRejected
+from services.gateway.commands.reply_mapping import status_for
 from services.gateway.counts import GatewayCounts
-from services.gateway.link import ShardLink, Waiting
-from services.gateway.reply_mapping import status_for
+from services.gateway.publishing import nats_protocol
+from services.gateway.shard_link.link import ShardLink, Waiting
 
 log = logging.getLogger("shardbus.gateway")
 

@@ -18,7 +18,7 @@ from nats.aio.subscription import Subscription
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig
 from nats.js.kv import KeyValue
 
-from services.gateway.boards import BOARDS, bucket_name, fold, item_key
+from services.gateway.boards.rules import BOARDS, bucket_name, fold, item_key
 from shared import subjects
 from shared.contracts import gateway as gateway_contract
 from shared.delivery import is_direct, why_not_direct

@@ -4,7 +4,7 @@ acknowledgement subscription, one watchdog.
 Before, each shard had a sender and an acknowledger task of its own, and each frame a future,
 a window semaphore and a timeout: with 1,000 shards at 20 frames/s that machinery, not the
 frames, was what used the gateway's core (py-spy, docs/performance.md, issue 26). Now a shard's
-:class:`~services.gateway.publisher.ShardPublisher` only holds its queue and its frames in
+:class:`~services.gateway.publishing.publisher.ShardPublisher` only holds its queue and its frames in
 flight; this pipeline publishes what every ready shard has queued in one pass per turn of the
 event loop (nats-py's flusher makes that one write to NATS), takes each acknowledgement where it
 lands (a counter-numbered reply subject under one inbox), and looks once every
@@ -27,8 +27,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from services.gateway.nats_protocol import hpub
-from services.gateway.outgoing import InFlight
+from services.gateway.publishing.nats_protocol import hpub
+from services.gateway.publishing.outgoing import InFlight
 from shared import natspy_internals
 from shared.nats_calls import HEADER_ROOM  # headers' room under max_payload (Nats-Msg-Id, Shardbus-Reason)
 

@@ -17,8 +17,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from services.gateway.counts import GatewayCounts
-from services.gateway.link import WRITE_HIGH_WATER, ShardLink
-from services.gateway.wire import LineTooLong
+from services.gateway.shard_link.link import WRITE_HIGH_WATER, ShardLink
+from services.gateway.shard_link.wire import LineTooLong
 
 TakeNow = Callable[[ShardLink, bytes], Coroutine[Any, Any, None] | None]
 """Takes one line now; returns what is left to await, if anything (``FrameIntake.take_now``)."""

@@ -9,7 +9,7 @@ import uuid
 from http import HTTPStatus
 from typing import Any
 
-from services.gateway.reply_mapping import plane
+from services.gateway.commands.reply_mapping import plane
 from shared.errors import ShardbusError
 from shared.subjects import is_safe_kind
 

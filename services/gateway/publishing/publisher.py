@@ -6,7 +6,7 @@ connection, so a reconnect cannot overtake frames still buffered). Its queue is 
 when it is full, the reader awaiting :meth:`put` stops reading from the shard, which is
 TCP back-pressure. Every message carries a ``Nats-Msg-Id``, so publishing one again after a
 failure is de-duplicated by JetStream. The sending and the acknowledgements of all shards go
-through the gateway's one :class:`~services.gateway.pipeline.PublishPipeline`.
+through the gateway's one :class:`~services.gateway.publishing.pipeline.PublishPipeline`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
 
-from services.gateway.outgoing import FAILED, STORED, WAITING, InFlight, Outgoing
-from services.gateway.pipeline import PublishPipeline
+from services.gateway.publishing.outgoing import FAILED, STORED, WAITING, InFlight, Outgoing
+from services.gateway.publishing.pipeline import PublishPipeline
 
 log = logging.getLogger("shardbus.gateway.publisher")
 
@@ -93,7 +93,7 @@ def describe(error: BaseException) -> str:
 class ShardPublisher:
     """An ordered, windowed, loss-free publisher for one shard's messages.
 
-    The gateway's :class:`~services.gateway.pipeline.PublishPipeline` sends what is queued as
+    The gateway's :class:`~services.gateway.publishing.pipeline.PublishPipeline` sends what is queued as
     soon as the window has room and hands back each acknowledgement; frames are taken off the
     window in order, each once JetStream holds it. When one's acknowledgement fails or does not
     come within the timeout, the shard publishes every frame of its window again, one at a

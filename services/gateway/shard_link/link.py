@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 from nats.aio.subscription import Subscription
 
-from services.gateway.boards import RosterAssembler
-from services.gateway.wire import Hello
+from services.gateway.boards.rules import RosterAssembler
+from services.gateway.shard_link.wire import Hello
 
 WRITE_HIGH_WATER = 1024 * 1024
 """Bytes waiting for a slow shard beyond which a sender waits for them to drain."""

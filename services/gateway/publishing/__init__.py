@@ -1,0 +1,2 @@
+"""The gateway's publishing: each shard's frames into JetStream, in order, nothing lost or
+acknowledged early (docs/gateway.md, "Modules")."""
