@@ -24,8 +24,8 @@ from services.web.auth import Tokens
 from services.web.console import actions as console_actions
 from services.web.console import routes as console_routes
 from services.web.feed import routes as feed_routes
+from services.web.nats_route import error
 from services.web.openapi_doc import describe
-from services.web.relay import error
 from services.web.settings import WebSettings
 from services.web.sidecar import routes as sidecar_routes
 from services.web.sidecar.fast import Front, SidecarCore, Table

@@ -19,7 +19,7 @@ from fastapi.responses import Response
 
 from services.web import auth
 from services.web.auth import Caller
-from services.web.relay import json_object, relay, reply_response
+from services.web.nats_route import json_object, relay, reply_response
 from shared import subjects
 from shared.contracts import installer as c
 from shared.contracts.ids import MODULE_ID_PATTERN, is_module_id

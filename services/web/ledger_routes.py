@@ -1,6 +1,6 @@
 """The ledger and the cleanup service over HTTP, for websites that keep their event logic
 elsewhere: each route is one NATS request of docs/contracts.md ("Ledger", "Cleanup"), its reply
-relayed verbatim (relay.py). Who may call what mirrors the NATS users (deploy/nats/nats.conf):
+relayed verbatim (nats_route.py). Who may call what mirrors the NATS users (deploy/nats/nats.conf):
 the website runs, resources, reads and a cleanup retry; a module its own expiries and
 reconciles, the owner taken from the token and the path, never the body; the operator all of
 it, plus sweeps and reconciles of the cleanup service.
@@ -19,7 +19,7 @@ from fastapi.responses import Response
 
 from services.web import auth
 from services.web.auth import Caller
-from services.web.relay import json_object, relay
+from services.web.nats_route import json_object, relay
 from shared import subjects
 from shared.contracts.ids import LEDGER_ID_PATTERN, is_ledger_id
 

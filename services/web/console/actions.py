@@ -26,7 +26,7 @@ from services.web.feed.filter import FeedFilter, FeedQueryError, sequence
 from services.web.feed.routes import open_event_stream
 from services.web.installer_routes import INSTALL_TIMEOUT_S, MODULE_ID_RULE, REMOVE_TIMEOUT_S, ask_installer
 from services.web.ledger_routes import CLEANUP_TIMEOUT_S
-from services.web.relay import json_object, relay
+from services.web.nats_route import json_object, relay
 from shared import subjects
 from shared.contracts import installer as c
 from shared.contracts.ids import LEDGER_ID_PATTERN, REQUEST_ID_PATTERN, is_ledger_id, is_module_id

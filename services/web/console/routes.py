@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 from pydantic import ValidationError
 
-from services.web.console import auth, boards, leases, pages, run, runs, shards, waiting
+from services.web.console import auth, boards, leases, one_run, pages, runs, shards, waiting
 from services.web.console.pages import render
 from services.web.console.reads import ask
 from services.web.console.words import CLEANUP, RUN
@@ -147,10 +147,10 @@ async def run_page(request: Request, run_id: str, after: str | None = None) -> R
     if (login_first := _page(request)) is not None:
         return login_first
     if not is_ledger_id(run_id):
-        view = run.RunView(run_id[:RUN_ID_MAX], error=f"a run id must match {LEDGER_ID_PATTERN}")
+        view = one_run.RunView(run_id[:RUN_ID_MAX], error=f"a run id must match {LEDGER_ID_PATTERN}")
         return render(request, "run.html", status=HTTPStatus.NOT_FOUND, page="runs", view=view, feed="", after=None)
     after_id = int(after) if after and after.isdigit() and len(after) < 19 else None
-    view, wait = await asyncio.gather(run.run_view(request, run_id, after_id), waiting.of_run(request, run_id))
+    view, wait = await asyncio.gather(one_run.run_view(request, run_id, after_id), waiting.of_run(request, run_id))
     shard = view.run.get("shard")
     feed = "types=ledger" + (f"&shards={shard}" if is_shard_id(shard) else "")
     status = HTTPStatus.NOT_FOUND if view.error and view.error.startswith(str(HTTPStatus.NOT_FOUND)) else HTTPStatus.OK

@@ -20,7 +20,7 @@ from fastapi import HTTPException, Request
 from fastapi.responses import Response
 
 from services.web.auth import website
-from services.web.relay import error
+from services.web.nats_route import error
 
 SCOPED = "/shards/{shard}"
 PARAM = "{}"

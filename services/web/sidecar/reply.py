@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from services.web.relay import STATUS_MAX
+from services.web.nats_route import STATUS_MAX
 from shared.contracts import gateway
 
 NOT_CONNECTED: dict[str, str] = {"error": "shard not connected"}

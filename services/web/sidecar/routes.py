@@ -21,7 +21,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from services.web import nats_calls, relay
+from services.web import nats_calls, nats_route
 from services.web.auth import Caller, website
 from services.web.sidecar.fast import Table
 from services.web.sidecar.reply import NO_REPLY, NOT_CONNECTED, board_answer, command_answer
@@ -122,9 +122,9 @@ def command_body(route: Route, value: Any, path_value: str | None, query: dict[s
 def _shard(request: Request, given: str | None) -> str | Response:
     if given is None:
         default = request.app.state.settings.web_default_shard
-        return default or relay.error(HTTPStatus.NOT_FOUND, NO_DEFAULT)
+        return default or nats_route.error(HTTPStatus.NOT_FOUND, NO_DEFAULT)
     if not is_shard_id(given):
-        return relay.error(HTTPStatus.BAD_REQUEST, SHARD_RULE)
+        return nats_route.error(HTTPStatus.BAD_REQUEST, SHARD_RULE)
     return given
 
 
@@ -140,9 +140,9 @@ async def _ask(request: Request, subject: str, body: dict[str, Any], headers: di
     except nats_calls.NoAnswer:
         return JSONResponse(late, status_code=HTTPStatus.GATEWAY_TIMEOUT)
     except nats_calls.TooLarge as exc:
-        return relay.error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, str(exc))
+        return nats_route.error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, str(exc))
     except nats_calls.BadReply:
-        return relay.error(HTTPStatus.BAD_GATEWAY, "the gateway answered something that is not JSON")
+        return nats_route.error(HTTPStatus.BAD_GATEWAY, "the gateway answered something that is not JSON")
 
 
 async def forward(request: Request, shard: str, verb: str, body: dict[str, Any]) -> Response:
@@ -176,12 +176,12 @@ def _endpoint(route: Route, scoped: bool) -> Any:
             return shard
         path_value = params.get("run_id", params.get("page_id"))
         if path_value is not None and len(path_value) > PATH_ID_MAX:
-            return relay.error(HTTPStatus.BAD_REQUEST, f"{route.path_id} is longer than {PATH_ID_MAX} characters")
+            return nats_route.error(HTTPStatus.BAD_REQUEST, f"{route.path_id} is longer than {PATH_ID_MAX} characters")
         try:
-            value = None if route.method == "GET" else await relay.json_value(request)
+            value = None if route.method == "GET" else await nats_route.json_value(request)
             body = command_body(route, value, path_value, dict(request.query_params))
         except BodyError as exc:
-            return relay.error(HTTPStatus.BAD_REQUEST, str(exc))
+            return nats_route.error(HTTPStatus.BAD_REQUEST, str(exc))
         return await forward(request, shard, route.verb, body)
 
     parameters = _parameters(scoped)
