@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 LOCAL_NATS_URL ?= nats://127.0.0.1:4222
 LOCAL_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
-.PHONY: lock up test test-unit test-integration test-system test-local-servers test-faults test-hosts test-model test-link-model test-schemathesis bench fault-runs soak docs clean browser promtool npm-tools lint
+.PHONY: lock up test test-unit test-integration test-system test-local-servers test-faults test-hosts test-model test-link-model test-schemathesis bench fault-runs soak docs clean browser promtool npm-tools lint engine images test-compose
 
 # Every package comes from requirements.lock, exact versions with their hashes (a release that
 # changed under a version, or a package nothing asked for, is refused); the project itself is
@@ -73,6 +73,24 @@ promtool:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 	@test -x $(PROMTOOL) || { echo "no promtool at $(PROMTOOL): apt-get install prometheus" >&2; exit 1; }
 
+# compose.yaml for real (tests/deploy/test_compose_up.py, marked needs_engine; docs/operations.md,
+# "Compose for real"): `make engine` installs Debian's podman, runc, docker-compose (which drives
+# podman through its Docker API) and debootstrap when one is missing (root: apt-get, about 50 s),
+# and fails when it cannot. `make images` builds the stand-ins for the images Docker Hub would
+# give (deploy/images/build.sh: about 2.5 min the first time, seconds after). `make test-compose`
+# runs the compose tests with SHARDBUS_REQUIRE_COMPOSE=1: a missing engine or image fails them,
+# never skips. `make test` leaves them out and needs no engine.
+engine:
+	@for tool in podman runc docker-compose debootstrap; do command -v $$tool >/dev/null || missing=1; done; \
+	if [ -n "$$missing" ]; then echo "== installing Debian's podman, runc, docker-compose and debootstrap (compose tests)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc docker-compose debootstrap >/dev/null; fi
+	@for tool in podman runc docker-compose debootstrap; do command -v $$tool >/dev/null || \
+		{ echo "no $$tool: apt-get install podman runc docker-compose debootstrap" >&2; exit 1; }; done
+images: engine
+	deploy/images/build.sh
+test-compose: $(STAMP) images
+	$(NO_STACK) SHARDBUS_REQUIRE_COMPOSE=1 $(PY) -m pytest -p no:randomly -m needs_engine tests/deploy/test_compose_up.py
+
 # The AsyncAPI documents' check (tests/system/test_asyncapi_parser.py) runs the official AsyncAPI
 # parser, an npm package: this installs tests/npm's exact versions (package-lock.json) into
 # .npm-tools/ when they changed, and fails when it cannot: a missing tool is a failed suite,
@@ -100,10 +118,11 @@ $(NPM_STAMP): tests/npm/package.json tests/npm/package-lock.json
 WORKERS ?= 4
 PARALLEL = $(if $(SHARDBUS_TEST_NATS_URL)$(SHARDBUS_TEST_DATABASE_URL),,$(if $(filter-out 0 1,$(WORKERS)),-n $(WORKERS) --dist loadgroup))
 
-# The fault suite (tests/faults, marked `faults`) runs on its own: make test-faults; the hosts
-# scenarios (tests/hosts, marked `hosts`, root) too: make test-hosts.
+# The fault suite (tests/faults, marked `faults`) runs on its own: make test-faults; so do the hosts
+# scenarios (tests/hosts, marked `hosts`, root): make test-hosts, and the compose tests (marked
+# `needs_engine`): make test-compose.
 test: $(STAMP) browser promtool npm-tools
-	$(NO_STACK) $(PY) -m pytest -m "not faults and not hosts" $(PARALLEL)
+	$(NO_STACK) $(PY) -m pytest -m "not faults and not hosts and not needs_engine" $(PARALLEL)
 
 # By cost (every test has one marker, given by tests/conftest.py): seconds, then minutes.
 test-unit: $(STAMP)
@@ -111,14 +130,14 @@ test-unit: $(STAMP)
 test-integration: $(STAMP)
 	$(NO_STACK) $(PY) -m pytest -m integration $(PARALLEL)
 test-system: $(STAMP) browser promtool npm-tools
-	$(NO_STACK) $(PY) -m pytest -m system $(PARALLEL)
+	$(NO_STACK) $(PY) -m pytest -m "system and not needs_engine" $(PARALLEL)
 
 # The same suite against already-running servers (CI: the machine's NATS and PostgreSQL). One
 # process: workers would share these servers, and one worker's in-process ledger would answer
 # another's requests from the wrong database.
 test-local-servers: $(STAMP) browser promtool npm-tools
 	$(NO_STACK) SHARDBUS_TEST_NATS_URL=$(LOCAL_NATS_URL) SHARDBUS_TEST_DATABASE_URL=$(LOCAL_DATABASE_URL) \
-		$(PY) -m pytest -m "not faults and not hosts"
+		$(PY) -m pytest -m "not faults and not hosts and not needs_engine"
 
 test-faults: $(STAMP)
 	$(NO_STACK) $(PY) -m pytest -m faults
