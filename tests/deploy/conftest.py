@@ -16,8 +16,9 @@ PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "needs_engine: brings compose up on a container engine (docker or podman) with the images it names; "
-        "where there is none, or its images cannot be had, the test is skipped with the exact error")
+        "needs_engine: brings compose up on a container engine (docker or podman) with the images it names "
+        "(make test-compose; make test leaves it out); where there is none, or its images cannot be had, "
+        "the test is skipped with the exact error, or fails with SHARDBUS_REQUIRE_COMPOSE=1")
 
 
 @pytest.fixture(scope="session")

@@ -1,14 +1,20 @@
-"""compose.yaml brought up for real on a container engine (marked ``needs_engine``): the image
-built from the Dockerfile, the stack up with the gateway and the ledger at 2 replicas, a shard
-connected (the shard simulator, in a gateway container) and a command sent through the web door,
-then every replica's /metrics scraped the way Prometheus finds them (compose DNS, port 9464);
-Prometheus itself (the `monitoring` profile's) shown to find every replica and load the alerts;
-and the stack taken down with its volumes.
+"""compose.yaml brought up for real on a container engine (marked ``needs_engine``;
+docs/operations.md, "Compose for real"): the image built from the Dockerfile, the stack up with
+gateway ×2, ledger ×2 and cleanup ×3, a simulated shard's frames sent through each gateway
+replica's host port and a command through the web door's, every replica's /metrics scraped the
+way Prometheus finds them (compose DNS, port 9464), Prometheus itself (the `monitoring`
+profile's) finding every replica and loading every alert of deploy/prometheus/alerts.yml; then
+the same with compose.cluster.yaml (3 NATS nodes, R3 streams), which keeps taking frames and
+commands with a node stopped. Each stack is taken down with its volumes, and the test fails when
+a container, volume, network or engine process (conmon) of it is left.
 
-Where no engine answers, or the images cannot be had (pulled, or named by
-``SHARDBUS_COMPOSE_TEST_IMAGES="nats=…,postgres=…,python=…,prometheus=…"``: a mirror's copies),
-the tests are skipped with the exact error. The compose file is run as a copy with the host ports left to the
-engine (the machine's own NATS and PostgreSQL may hold 4222 and 5432) and absolute paths.
+The real files are run, with only their variables set: host ports drawn free here (this
+machine's own NATS and PostgreSQL hold 4222 and 5432; the shard and web ports ``127.0.0.1:``, a
+loopback port the engine picks per replica, since podman takes no host range), and images from the environment
+or deploy/images/images.env (``make images``: stand-ins where Docker Hub cannot be reached).
+
+Where no engine answers or an image cannot be had, the tests are skipped with the exact error;
+with ``SHARDBUS_REQUIRE_COMPOSE=1`` (CI, ``make test-compose``) they fail instead.
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,13 +36,26 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.conftest import ROOT
+from shardbus import embedded
+from tests.deploy.conftest import PROMETHEUS_DIR, ROOT
 
-pytestmark = pytest.mark.needs_engine
+# The image build and a stack's start take minutes: the suite's 300 s a test is too short.
+pytestmark = [pytest.mark.needs_engine, pytest.mark.timeout(1800)]
 
-SCALED = {"gateway": 2, "ledger": 2}
+REQUIRED = os.environ.get("SHARDBUS_REQUIRE_COMPOSE") == "1"
+SCALED = {"gateway": 2, "ledger": 2, "cleanup": 3}
 TOKENS = {"SHARD_TOKEN": "shard-" + "s" * 24, "WEB_TOKEN": "web-" + "w" * 24}
+IMAGE_VARIABLES = ("PYTHON_IMAGE", "NATS_IMAGE", "POSTGRES_IMAGE", "PROMETHEUS_IMAGE")
 UP_TIMEOUT_S = 420.0
+ALERTS = {rule["alert"] for group in yaml.safe_load((PROMETHEUS_DIR / "alerts.yml").read_text())["groups"]
+          for rule in group["rules"] if "alert" in rule}
+
+
+def _unavailable(reason: str) -> None:
+    """Skip, or where CI requires compose (SHARDBUS_REQUIRE_COMPOSE=1), fail."""
+    if REQUIRED:
+        pytest.fail(f"SHARDBUS_REQUIRE_COMPOSE=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
 
 
 def _run(args: list[str], env: dict[str, str] | None = None, timeout: float = 120,
@@ -50,6 +71,18 @@ def _first_line(done: subprocess.CompletedProcess[str]) -> str:
     return next((line for line in text if "rror" in line), text[-1] if text else f"exit {done.returncode}")
 
 
+def _conmons() -> set[int]:
+    """The pids of the machine's conmon processes (podman's per-container monitors)."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "comm").read_text().strip() == "conmon":
+                found.add(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
 class Engine:
     """docker, or podman with docker-compose talking to its Docker API (a socket it serves for
     the test); the compose command and its environment."""
@@ -59,15 +92,13 @@ class Engine:
 
     def stop(self) -> None:
         if self.service is not None:
-            self.service.terminate()
-            try:
-                self.service.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.service.kill()
-                self.service.wait(timeout=30)
+            embedded.stop_process(self.service, timeout=30)
 
 
 def _find_engine(tmp: Path) -> Engine:
+    env = dict(os.environ)
+    # podman's settings for this machine (deploy/images/containers.conf: runc, lower limits).
+    env.setdefault("CONTAINERS_CONF", str(ROOT / "deploy" / "images" / "containers.conf"))
     errors = []
     if shutil.which("docker"):
         done = _run(["docker", "info"], check=False, timeout=60)
@@ -82,7 +113,7 @@ def _find_engine(tmp: Path) -> Engine:
     else:
         errors.append("docker: not installed")
     if shutil.which("podman"):
-        done = _run(["podman", "info"], check=False, timeout=60)
+        done = _run(["podman", "info"], env=env, check=False, timeout=60)
         if done.returncode != 0:
             errors.append(f"podman info: {_first_line(done)}")
         elif not shutil.which("docker-compose"):
@@ -90,29 +121,39 @@ def _find_engine(tmp: Path) -> Engine:
         else:
             socket = tmp / "podman.sock"
             service = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{socket}"],
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            env = {**os.environ, "DOCKER_HOST": f"unix://{socket}"}
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
             deadline = time.monotonic() + 30
             while not socket.exists() and time.monotonic() < deadline and service.poll() is None:
                 time.sleep(0.2)
-            return Engine("podman", ["docker-compose"], env, service)
+            if not socket.exists():
+                embedded.stop_process(service, timeout=30)
+                _unavailable(f"podman system service served no socket at {socket} within 30 s")
+            return Engine("podman", ["docker-compose"], {**env, "DOCKER_HOST": f"unix://{socket}"}, service)
     else:
         errors.append("podman: not installed")
-    pytest.skip("no container engine: " + "; ".join(errors))
+    _unavailable("no container engine: " + "; ".join(errors) + " (docs/operations.md, \"Compose for real\")")
+    raise AssertionError("unreachable")
 
 
 def _images() -> dict[str, str]:
-    """The images compose.yaml and the Dockerfile name, or the ones the environment gives."""
-    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
-    default_python = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", (ROOT / "Dockerfile").read_text(), re.M)
-    assert default_python
-    images = {"nats": compose["services"]["nats"]["image"], "postgres": compose["services"]["postgres"]["image"],
-              "python": default_python.group(1), "prometheus": compose["services"]["prometheus"]["image"]}
-    for item in filter(None, os.environ.get("SHARDBUS_COMPOSE_TEST_IMAGES", "").split(",")):
-        key, _, value = item.partition("=")
-        assert key in images and value, f"SHARDBUS_COMPOSE_TEST_IMAGES: {item!r}"
-        images[key] = value
+    """The image variables: the environment's, else deploy/images/images.env's (make images)."""
+    written = ROOT / "deploy" / "images" / "images.env"
+    images = {}
+    if written.exists():
+        for line in written.read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key in IMAGE_VARIABLES and value:
+                images[key] = value
+    images.update({key: os.environ[key] for key in IMAGE_VARIABLES if os.environ.get(key)})
     return images
+
+
+def _defaults() -> dict[str, str]:
+    """The images compose.yaml and the Dockerfile name when no variable is set."""
+    text = (ROOT / "compose.yaml").read_text()
+    found = dict(re.findall(r"\$\{((?:PYTHON|NATS|POSTGRES|PROMETHEUS)_IMAGE):-([^}]+)\}", text))
+    assert set(found) == set(IMAGE_VARIABLES), found
+    return found
 
 
 def _qualified(engine: Engine, image: str) -> str:
@@ -123,61 +164,16 @@ def _qualified(engine: Engine, image: str) -> str:
     return f"docker.io/{image if '/' in image else 'library/' + image}"
 
 
-def _missing_image(engine: Engine, image: str) -> str | None:
-    """None once ``image`` is here (pulled if need be), else the pull's error."""
-    image = _qualified(engine, image)
-    if _run([engine.name, "image", "inspect", image], check=False).returncode == 0:
-        return None
-    done = _run([engine.name, "pull", image], check=False, timeout=600)
-    return None if done.returncode == 0 else f"{engine.name} pull {image} failed: {_first_line(done)}"
-
-
 def _have_images(engine: Engine, images: dict[str, str]) -> None:
-    for key in ("nats", "postgres", "python"):
-        if error := _missing_image(engine, images[key]):
-            pytest.skip(f"{error} (give local copies with SHARDBUS_COMPOSE_TEST_IMAGES=nats=…,postgres=…,python=…)")
-    done = _run([engine.name, "run", "--rm", _qualified(engine, images["nats"]), "--version"], check=False,
-                timeout=120)
-    if done.returncode != 0:
-        pytest.skip(f"{engine.name} cannot run a container here: {_first_line(done)}")
-
-
-def _variant(images: dict[str, str], path: Path) -> None:
-    """compose.yaml with the given images, host ports chosen by the engine, absolute paths."""
-    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
-    for name in ("nats", "postgres", "prometheus"):
-        compose["services"][name]["image"] = images[name]
-    for service in compose["services"].values():
-        if "ports" in service:
-            service["ports"] = [str(port).rsplit(":", 1)[-1].split("-")[0] for port in service["ports"]]
-        if "build" in service:
-            service["build"] = {"context": str(ROOT), "args": {"PYTHON_IMAGE": images["python"]}}
-        service["volumes"] = [str(ROOT / v[2:v.index(":")]) + v[v.index(":"):] if v.startswith("./") else v
-                              for v in service.get("volumes", [])]
-        if not service["volumes"]:
-            del service["volumes"]
-    path.write_text(yaml.safe_dump(compose, sort_keys=False))
-
-
-class Stack:
-    def __init__(self, engine: Engine, file: Path, project: str, images: dict[str, str]):
-        self.engine, self.file, self.project, self.images = engine, file, project, images
-        self.env = {**engine.env, **TOKENS}
-
-    def compose(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return _run([*self.engine.compose, "-p", self.project, "-f", str(self.file), *args],
-                    env=self.env, timeout=timeout, check=check)
-
-    def containers(self) -> dict[str, dict[str, Any]]:
-        done = _run([self.engine.name, "ps", "-a", "--filter", f"label=com.docker.compose.project={self.project}",
-                     "--format", "{{.Names}}"], env=self.env)
-        names = done.stdout.split()
-        if not names:
-            return {}
-        return {c["Name"].lstrip("/"): c for c in json.loads(_run([self.engine.name, "inspect", *names]).stdout)}
-
-    def exec(self, service: str, index: int, *command: str, timeout: float = 60) -> str:
-        return self.compose("exec", "-T", "--index", str(index), service, *command, timeout=timeout).stdout
+    """Every image here (pulled if need be), else skipped (failed in CI) with the pull's error."""
+    for key in IMAGE_VARIABLES:
+        image = _qualified(engine, images.get(key) or _defaults()[key])
+        if _run([engine.name, "image", "inspect", image], env=engine.env, check=False).returncode == 0:
+            continue
+        done = _run([engine.name, "pull", image], env=engine.env, check=False, timeout=600)
+        if done.returncode != 0:
+            _unavailable(f"{engine.name} pull {image} failed: {_first_line(done)} "
+                         f"(where Docker Hub cannot be reached: make images)")
 
 
 def _health_runner(stack: Stack, stop: threading.Event) -> None:
@@ -186,52 +182,130 @@ def _health_runner(stack: Stack, stop: threading.Event) -> None:
     while not stop.wait(2):
         for name, container in stack.containers().items():
             if container.get("State", {}).get("Running") and container.get("Config", {}).get("Healthcheck"):
-                _run(["podman", "healthcheck", "run", name], check=False, timeout=60)
+                _run(["podman", "healthcheck", "run", name], env=stack.env, check=False, timeout=60)
+
+
+class Stack:
+    """One compose project on the real files, with its host ports drawn here."""
+
+    def __init__(self, engine: Engine, files: list[str]):
+        self.engine, self.files = engine, files
+        self.project = f"sbdeploy{uuid.uuid4().hex[:8]}"
+        self.ports = {name: str(embedded.free_port("0.0.0.0"))
+                      for name in ("NATS_PORT", "NATS_WS_PORT", "PROMETHEUS_PORT", "GRAFANA_PORT")}
+        # The shard and web doors: a loopback port the engine picks for each replica.
+        self.env = {**engine.env, **TOKENS, **self.ports, "SHARD_PORTS": "127.0.0.1:", "WEB_PORTS": "127.0.0.1:"}
+        self.stop_health = threading.Event()
+        self.health: threading.Thread | None = None
+
+    def compose(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
+        files = [arg for name in self.files for arg in ("-f", str(ROOT / name))]
+        return _run([*self.engine.compose, "-p", self.project, *files, *args], env=self.env, timeout=timeout,
+                    check=check)
+
+    def containers(self) -> dict[str, dict[str, Any]]:
+        done = _run([self.engine.name, "ps", "-a", "--filter", f"label=com.docker.compose.project={self.project}",
+                     "--format", "{{.Names}}"], env=self.env)
+        names = done.stdout.split()
+        if not names:
+            return {}
+        inspected = _run([self.engine.name, "inspect", *names], env=self.env, check=False)
+        return {c["Name"].lstrip("/"): c for c in json.loads(inspected.stdout or "[]")}
+
+    def container(self, service: str, index: int = 1) -> str:
+        for name, c in self.containers().items():
+            labels = c["Config"]["Labels"]
+            if (labels["com.docker.compose.service"], labels["com.docker.compose.container-number"]) == (
+                    service, str(index)):
+                return name
+        raise AssertionError(f"no container {service} #{index} in {self.project}")
+
+    def exec(self, service: str, index: int, *command: str, timeout: float = 60) -> str:
+        """The engine's own exec (``docker-compose exec`` through podman's Docker API leaves two
+        conmon processes behind each time)."""
+        return _run([self.engine.name, "exec", self.container(service, index), *command], env=self.env,
+                    timeout=timeout).stdout
+
+    def host_port(self, service: str, index: int, port: int) -> int:
+        out = self.compose("port", "--index", str(index), service, str(port), timeout=60).stdout.strip()
+        return int(out.rsplit(":", 1)[1])
+
+    def up(self, scaled: dict[str, int]) -> None:
+        if self.engine.name == "podman" and not Path("/run/systemd/system").exists():
+            self.health = threading.Thread(target=_health_runner, args=(self, self.stop_health), daemon=True)
+            self.health.start()
+        self.compose("up", "-d", *[a for s, n in scaled.items() for a in ("--scale", f"{s}={n}")], timeout=900)
+        _wait_healthy(self, len(self.running_services()) + sum(n - 1 for n in scaled.values()))
+
+    def running_services(self) -> set[str]:
+        """The services ``up`` starts and keeps running: all but the profiles' and migrate."""
+        merged: dict[str, dict[str, Any]] = {}
+        for name in self.files:
+            for service, spec in yaml.safe_load((ROOT / name).read_text())["services"].items():
+                merged.setdefault(service, {}).update(spec)
+        return {service for service, spec in merged.items() if not spec.get("profiles")} - {"migrate"}
+
+    def down(self) -> None:
+        """Everything of the project removed; fails when a container, volume or network is left."""
+        self.stop_health.set()
+        if self.health is not None:
+            self.health.join(timeout=120)
+        self.compose("down", "-v", "--remove-orphans", "-t", "10", timeout=300, check=False)
+        label = f"label=com.docker.compose.project={self.project}"
+        left = {kind: _run([self.engine.name, kind, "ls", "-q", "--filter", label], env=self.env,
+                           check=False).stdout.split() for kind in ("volume", "network")}
+        left["container"] = _run([self.engine.name, "ps", "-aq", "--filter", label], env=self.env,
+                                 check=False).stdout.split()
+        assert not any(left.values()), f"left behind by {self.project}: {left}"
+
+
+def _wait_healthy(stack: Stack, expected: int) -> None:
+    """Every running container (all but the one-shot migrate) healthy, ``expected`` of them."""
+    deadline = time.monotonic() + UP_TIMEOUT_S
+    while True:
+        states = {name: (c["Config"]["Labels"]["com.docker.compose.service"],
+                         (c["State"].get("Health") or {}).get("Status") or c["State"]["Status"])
+                  for name, c in stack.containers().items()}
+        running = [status for service, status in states.values() if service != "migrate"]
+        if len(running) == expected and set(running) == {"healthy"}:
+            return
+        if time.monotonic() > deadline:
+            logs = stack.compose("logs", "--tail", "30", timeout=120, check=False).stdout[-6000:]
+            raise AssertionError(f"not {expected} healthy within {UP_TIMEOUT_S} s: {states}\n{logs}")
+        time.sleep(3)
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """The image built, the stack up with the gateway and the ledger scaled, every container healthy."""
-    tmp_path = tmp_path_factory.mktemp("compose-up")
-    engine = _find_engine(tmp_path)
-    stop = threading.Event()
-    runner: threading.Thread | None = None
-    stack = None
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """The engine, the images there and the shardbus image built; no conmon left at the end."""
+    before = _conmons()
+    engine = _find_engine(tmp_path_factory.mktemp("compose-engine"))
     try:
         images = _images()
         _have_images(engine, images)
-        _variant(images, tmp_path / "compose.yaml")
-        stack = Stack(engine, tmp_path / "compose.yaml", f"sbdeploy{uuid.uuid4().hex[:8]}", images)
-        if engine.name == "podman" and not Path("/run/systemd/system").exists():
-            runner = threading.Thread(target=_health_runner, args=(stack, stop), daemon=True)
-            runner.start()
-        stack.compose("build", timeout=1200)
-        stack.compose("up", "-d", *[a for s, n in SCALED.items() for a in ("--scale", f"{s}={n}")], timeout=900)
-        _wait_healthy(stack)
+        engine.env = {**engine.env, **images}
+        build = Stack(engine, ["compose.yaml"])
+        started = time.monotonic()
+        build.compose("build", timeout=1200)
+        print(f"shardbus image built in {time.monotonic() - started:.0f} s")
+        yield engine
+    finally:
+        engine.stop()
+    deadline = time.monotonic() + 60
+    while (left := _conmons() - before) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not left, f"conmon processes left behind: {sorted(left)}"
+
+
+@pytest.fixture(scope="module")
+def stack(engine: Engine) -> Iterator[Stack]:
+    """compose.yaml up with SCALED's replicas, every container healthy."""
+    stack = Stack(engine, ["compose.yaml"])
+    try:
+        stack.up(SCALED)
         yield stack
     finally:
-        stop.set()
-        if runner is not None:
-            runner.join(timeout=120)
-        if stack is not None:
-            stack.compose("down", "-v", "--remove-orphans", "-t", "10", timeout=300, check=False)
-        engine.stop()
-
-
-def _wait_healthy(stack: Stack) -> dict[str, dict[str, Any]]:
-    deadline = time.monotonic() + UP_TIMEOUT_S
-    while True:
-        containers = stack.containers()
-        states = {name: (c["Config"]["Labels"]["com.docker.compose.service"],
-                         (c["State"].get("Health") or {}).get("Status") or c["State"]["Status"])
-                  for name, c in containers.items()}
-        running = [status for service, status in states.values() if service != "migrate"]
-        if len(running) == 7 + sum(SCALED.values()) - len(SCALED) and set(running) == {"healthy"}:
-            return containers
-        if time.monotonic() > deadline:
-            logs = stack.compose("logs", "--tail", "30", timeout=120, check=False).stdout[-6000:]
-            raise AssertionError(f"not healthy within {UP_TIMEOUT_S} s: {states}\n{logs}")
-        time.sleep(3)
+        stack.down()
 
 
 SCRAPE = """
@@ -246,7 +320,7 @@ for address in addresses:
 
 def _scrape(stack: Stack, service: str) -> dict[str, str]:
     """Every replica's /metrics as Prometheus finds them: the A records of the service's name."""
-    out = stack.exec("cleanup", 1, "python3", "-c", SCRAPE, service)
+    out = stack.exec("installer", 1, "python3", "-c", SCRAPE, service)
     parts = re.split(r"^## (\S+)$", out, flags=re.M)[1:]
     return dict(zip(parts[::2], parts[1::2], strict=True))
 
@@ -259,38 +333,69 @@ def _value(body: str, series: str) -> float:
     return total
 
 
-COMMAND = """
-import sys, urllib.request
-request = urllib.request.Request("http://127.0.0.1:8080/shards/uo1/items",
-                                 headers={"Authorization": "Bearer " + sys.argv[1]})
-with urllib.request.urlopen(request, timeout=30) as answer:
-    print(answer.status)
-"""
+class Shards:
+    """Simulated shards (``shardbus shard-sim``) on the host, each to a gateway host port,
+    stopped by their handles."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, port: int, shard: str) -> None:
+        env = {**os.environ, "SHARDBUS_SHARD_TOKEN": TOKENS["SHARD_TOKEN"]}
+        self.procs.append(subprocess.Popen(
+            [str(Path(sys.executable).with_name("shardbus")), "shard-sim", "--addr", f"127.0.0.1:{port}",
+             "--shard", shard], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            embedded.stop_process(proc, timeout=10)
 
 
-def test_compose_up_scaled_serves_frames_commands_and_metrics(stack):
-    # A shard on the first gateway replica: its hello and frames come in, then a command from the
-    # web door reaches it through NATS whichever gateway holds it.
-    stack.compose("exec", "-d", "--index", "1", "gateway", "shardbus", "shard-sim",
-                  "--addr", "127.0.0.1:2595", "--shard", "uo1")
-    deadline = time.monotonic() + 120
+@pytest.fixture
+def shards() -> Iterator[Shards]:
+    shards = Shards()
+    try:
+        yield shards
+    finally:
+        shards.stop()
+
+
+def _wait_for_shards(stack: Stack, per_replica: int, timeout: float = 120) -> dict[str, str]:
+    """The gateways' scrapes once every replica reports ``per_replica`` shards with frames in."""
+    deadline = time.monotonic() + timeout
     while True:
         gateways = _scrape(stack, "gateway")
-        if sum(_value(body, "shardbus_gateway_shards_connected") for body in gateways.values()) >= 1:
-            break
-        assert time.monotonic() < deadline, f"no gateway reports the shard: {list(gateways)}"
+        if all(_value(body, "shardbus_gateway_shards_connected") >= per_replica
+               and _value(body, "shardbus_gateway_frames_in_total") >= 1 for body in gateways.values()):
+            return gateways
+        assert time.monotonic() < deadline, {a: _value(b, "shardbus_gateway_shards_connected")
+                                             for a, b in gateways.items()}
         time.sleep(2)
-    assert stack.exec("web", 1, "python3", "-c", COMMAND, TOKENS["WEB_TOKEN"]).strip() == "200"
+
+
+def _command(stack: Stack, shard: str) -> int:
+    """A command through the web door's host port (replica 1) to ``shard``: its HTTP status."""
+    port = stack.host_port("web", 1, 8080)
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/shards/{shard}/items",
+                                     headers={"Authorization": "Bearer " + TOKENS["WEB_TOKEN"]})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return int(answer.status)
+
+
+def test_compose_up_scaled_serves_frames_commands_and_metrics(stack, shards):
+    # A shard on each gateway replica, through that replica's own host port; then a command from
+    # the web door reaches one of them through NATS whichever gateway holds it.
+    for index in range(1, SCALED["gateway"] + 1):
+        shards.start(stack.host_port("gateway", index, 2595), f"uo{index}")
+    gateways = _wait_for_shards(stack, 1)
+    assert _command(stack, "uo1") == 200
 
     gateways = _scrape(stack, "gateway")
     assert len(gateways) == SCALED["gateway"]
-    assert sum(_value(body, "shardbus_gateway_frames_in_total") for body in gateways.values()) >= 1
     assert sum(_value(body, 'shardbus_gateway_commands_total{status="200"}') for body in gateways.values()) >= 1
-    ledgers = _scrape(stack, "ledger")
-    assert len(ledgers) == SCALED["ledger"]
     for service in ("gateway", "ledger", "cleanup", "installer", "web"):
-        bodies = _scrape(stack, service) if service not in ("gateway", "ledger") else (
-            gateways if service == "gateway" else ledgers)
+        bodies = _scrape(stack, service)
+        assert len(bodies) == SCALED.get(service, 1), (service, list(bodies))
         for address, body in bodies.items():
             assert f'shardbus_service_info{{service="{service}"' in body, (service, address)
             assert _value(body, "shardbus_nats_connected") == 1, (service, address)
@@ -305,14 +410,12 @@ for path in ("targets", "rules"):
 
 
 def test_prometheus_finds_every_replica_through_dns_and_loads_the_alerts(stack):
-    if error := _missing_image(stack.engine, stack.images["prometheus"]):
-        pytest.skip(f"{error} (a local copy: SHARDBUS_COMPOSE_TEST_IMAGES=prometheus=…)")
     stack.compose("--profile", "monitoring", "up", "-d", "--no-deps", "prometheus", timeout=300)
-    expected = {"gateway": 2, "ledger": 2, "cleanup": 1, "installer": 1, "web": 1}
+    expected = {service: SCALED.get(service, 1) for service in ("gateway", "ledger", "cleanup", "installer", "web")}
     deadline = time.monotonic() + 180
     while True:
         try:
-            targets_text, rules_text = stack.exec("cleanup", 1, "python3", "-c", TARGETS).split("\n", 1)
+            targets_text, rules_text = stack.exec("installer", 1, "python3", "-c", TARGETS).split("\n", 1)
         except AssertionError:  # Prometheus not listening yet
             targets_text = rules_text = ""
         if targets_text:
@@ -323,5 +426,57 @@ def test_prometheus_finds_every_replica_through_dns_and_loads_the_alerts(stack):
         assert time.monotonic() < deadline, f"Prometheus's targets: {targets_text[:3000]}"
         time.sleep(3)
     groups = json.loads(rules_text)["data"]["groups"]
-    assert {rule["name"] for group in groups for rule in group["rules"]} == {
-        "ShardSilent", "DeadLettersRising", "RunsIncomplete", "RelayLag", "ServiceDown"}
+    assert {rule["name"] for group in groups for rule in group["rules"] if rule["type"] == "alerting"} == ALERTS
+
+
+MONITOR = """
+import sys, urllib.request
+print(urllib.request.urlopen("http://" + sys.argv[1] + ":8222/" + sys.argv[2], timeout=10).read().decode())
+"""
+
+NODE_SERVICES = {"nats-1": "nats", "nats-2": "nats-2", "nats-3": "nats-3"}
+
+
+def _monitor(stack: Stack, node: str, path: str) -> dict[str, Any]:
+    """A node's monitoring endpoint (deploy/nats/nats.conf's http_port), read from inside."""
+    return dict(json.loads(stack.exec("installer", 1, "python3", "-c", MONITOR, node, path)))
+
+
+def _frames(stack: Stack, node: str) -> dict[str, Any]:
+    """The frames stream (services/gateway/streams.py) as ``node`` reports it."""
+    jsz = _monitor(stack, node, "jsz?streams=true")
+    streams = [s for a in jsz.get("account_details", []) for s in a.get("stream_detail", [])
+               if s["name"] == "SHARD_FRAMES"]
+    assert len(streams) == 1, jsz
+    return dict(streams[0])
+
+
+def test_the_cluster_file_takes_frames_and_commands_with_a_node_stopped(engine, shards):
+    stack = Stack(engine, ["compose.yaml", "compose.cluster.yaml"])
+    try:
+        stack.up({})
+        shards.start(stack.host_port("gateway", 1, 2595), "uo1")
+        _wait_for_shards(stack, 1)
+        assert _command(stack, "uo1") == 200
+        # The node stopped: the frames stream's leader, unless the gateway's NATS connection is
+        # on it; then another node. (A gateway whose own node stops reconnects, but its frames
+        # were not seen stored within minutes after that here: a finding for the gateway, not
+        # what this test of the compose files checks.)
+        gateway_node = next(node for node in NODE_SERVICES if any(
+            c.get("authorized_user") == "gateway" for c in _monitor(stack, node, "connz?auth=true")["connections"]))
+        leader = _frames(stack, gateway_node)["cluster"]["leader"]
+        stopped = leader if leader != gateway_node else next(n for n in NODE_SERVICES if n != gateway_node)
+        stored = int(_frames(stack, gateway_node)["state"]["messages"])
+        _run([engine.name, "stop", "-t", "10", stack.container(NODE_SERVICES[stopped])], env=stack.env, timeout=120)
+
+        # With one node of three stopped, a second shard's hello is stored on the two left (R3
+        # streams: a majority) and a command still reaches a shard.
+        shards.start(stack.host_port("gateway", 1, 2595), "uo2")
+        deadline = time.monotonic() + 120
+        while (frames := _frames(stack, gateway_node))["state"]["messages"] <= stored:
+            assert time.monotonic() < deadline, f"no frame stored after {stopped} stopped: {frames}"
+            time.sleep(2)
+        _wait_for_shards(stack, 2)
+        assert _command(stack, "uo2") == 200
+    finally:
+        stack.down()

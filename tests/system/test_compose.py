@@ -87,7 +87,24 @@ def test_the_nats_websocket_listener_is_published_where_nats_conf_puts_it():
     block = re.search(r"^websocket \{(.*?)^\}", conf, re.S | re.M)
     assert block and re.search(r"^\s*port:\s*9222\s*$", block.group(1), re.M)
     assert re.search(r"^\s*no_tls:\s*true\s*$", block.group(1), re.M)
-    assert "9222:9222" in COMPOSE["services"]["nats"]["ports"]
+    assert "${NATS_WS_PORT:-9222}:9222" in COMPOSE["services"]["nats"]["ports"]
+
+
+# Every host port a variable with its default (docs/operations.md, "Compose for real"): another
+# NATS on 4222, say, is moved out of the way with NATS_PORT rather than by editing the file.
+HOST_PORTS = {"nats": ["${NATS_PORT:-4222}:4222", "${NATS_WS_PORT:-9222}:9222"],
+              "gateway": ["${SHARD_PORTS:-2595-2604}:2595"], "web": ["${WEB_PORTS:-8080-8089}:8080"],
+              "prometheus": ["127.0.0.1:${PROMETHEUS_PORT:-9090}:9090"],
+              "grafana": ["127.0.0.1:${GRAFANA_PORT:-3000}:3000"]}
+
+
+def test_every_published_host_port_is_a_variable_with_its_default():
+    published = {name: svc["ports"] for name, svc in COMPOSE["services"].items() if "ports" in svc}
+    assert published == HOST_PORTS
+    documented = (ROOT / "docs" / "operations.md").read_text()
+    for port in (p for ports in HOST_PORTS.values() for p in ports):
+        variable = re.search(r"\$\{(\w+):-", port)
+        assert variable and f"`{variable.group(1)}`" in documented, port
 
 
 def test_the_web_door_listens_on_all_interfaces_of_its_container_and_is_published():
@@ -213,7 +230,7 @@ def test_every_cluster_node_runs_the_node_config_with_its_own_name_and_store():
     for service_name, host in NODES.items():
         node = cluster_service(service_name)
         assert node["command"] == ["-c", "/etc/nats/cluster-node.conf"]
-        assert node["image"].startswith("nats:2.1")
+        assert re.fullmatch(r"\$\{NATS_IMAGE:-nats:2\.1\d[^}]*\}", node["image"]), node["image"]
         env = node["environment"]
         assert env["NATS_SERVER_NAME"] == host
         # Same users on every node: the same password variables, with the same values.
