@@ -288,9 +288,16 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
         _have_images(engine, images)
         engine.env = {**engine.env, **images}
         build = Stack(engine, ["compose.yaml"])
+        image = _qualified(engine, "shardbus:latest")
+        previous = _run([engine.name, "image", "inspect", "--format", "{{.Id}}", image], env=engine.env,
+                        check=False).stdout.strip()
         started = time.monotonic()
         build.compose("build", timeout=1200)
         print(f"shardbus image built in {time.monotonic() - started:.0f} s")
+        # The image this build replaced (the code changed): removed, so runs do not pile them up.
+        if previous and previous != _run([engine.name, "image", "inspect", "--format", "{{.Id}}", image],
+                                         env=engine.env).stdout.strip():
+            _run([engine.name, "rmi", previous], env=engine.env, check=False)
         yield engine
     finally:
         engine.stop()
