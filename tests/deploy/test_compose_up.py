@@ -483,8 +483,8 @@ def test_the_cluster_file_takes_frames_and_commands_with_a_node_stopped(engine, 
         # NATS connection is on it; then a node with neither (one of three at least, each service
         # holding one connection; else one without the gateway's). (A
         # gateway whose own node stops reconnects, but its frames were not seen stored within
-        # minutes after that here: a finding for the gateway, not what this test of the compose
-        # files checks.)
+        # 120 s after that here (docs/operations.md, "What CI runs"): a finding for the gateway,
+        # not what this test of the compose files checks.)
         users = {node: {c.get("authorized_user") for c in _monitor(stack, node, "connz?auth=true")["connections"]}
                  for node in NODE_SERVICES}
         gateway_node = next(node for node, names in users.items() if "gateway" in names)
