@@ -59,15 +59,17 @@ class LedgerClient:
         return await self.ask(subjects.LEDGER_CONSOLE, runId=run_id)
 
 
-async def wait_until_serving(nc, timeout: float = 10.0) -> None:
+async def wait_until_serving(nc, timeout: float = 30.0) -> None:
     """Wait until a ledger answers. Just after a ledger stopped, nats-server may for a moment
-    still pick the stopped member of the ``ledger`` queue group and answer "no responders"."""
+    still pick the stopped member of the ``ledger`` queue group and answer "no responders"; a
+    ledger just started on a busy machine may take longer than one try's 2 s to answer its first
+    request (seen in a CI-like run at load 10): both are asked again until ``timeout``."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         try:
             await nc.request(subjects.LEDGER_RUNS, b'{"limit": 1}', timeout=2)
             return
-        except nats.errors.NoRespondersError:
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
             if asyncio.get_running_loop().time() > deadline:
                 raise
             await asyncio.sleep(0.05)
