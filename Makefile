@@ -24,12 +24,15 @@ $(STAMP): pyproject.toml $(LOCK)
 	touch $(STAMP)
 
 # The newest releases pyproject.toml allows, written into the lock with their hashes, installed,
-# and the whole suite run on them: a refresh that breaks a test is seen before it lands.
+# and the whole suite run on them: a refresh that breaks a test is seen before it lands. The
+# image's requirements-runtime.lock (no test packages) follows it, at the same versions.
 lock:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet uv==$(UV_VERSION)
 	$(VENV)/bin/uv pip compile --quiet --upgrade --universal --python-version 3.11 --generate-hashes \
 		--extra test pyproject.toml -o $(LOCK)
+	$(VENV)/bin/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
+		-c $(LOCK) pyproject.toml -o requirements-runtime.lock
 	$(MAKE) $(STAMP) test
 
 # `make up` takes ports and the rest as make variables (each also read as SHARDBUS_<NAME> from

@@ -18,11 +18,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PIN = re.compile(r"(?P<name>[A-Za-z0-9._-]+)==(?P<version>[^\s;\\]+)(?:\s*;\s*(?P<marker>[^\\]+?))?\s*\\?")
 
 
-def locked() -> dict[str, tuple[str, str | None, int]]:
+def locked(name: str = "requirements.lock") -> dict[str, tuple[str, str | None, int]]:
     """name → (version, marker, number of hashes), from the lock's own lines."""
     pins: dict[str, tuple[str, str | None, int]] = {}
     current = ""
-    for line in (ROOT / "requirements.lock").read_text().splitlines():
+    for line in (ROOT / name).read_text().splitlines():
         if match := PIN.fullmatch(line.strip()):
             current = canonicalize_name(match["name"])
             pins[current] = (match["version"], match["marker"], 0)
@@ -64,3 +64,17 @@ def test_this_environment_holds_exactly_the_locked_versions():
         if Version(installed) != Version(version):
             differing.append(f"{name}: locked {version}, installed {installed}")
     assert not differing, f"not the lock's versions (make installs from requirements.lock): {'; '.join(differing)}"
+
+
+def test_the_images_lock_is_the_runtime_part_of_the_lock_at_the_same_versions():
+    """The Dockerfile installs requirements-runtime.lock: every runtime dependency, hashed, at the
+    version the suite ran on (`make lock` writes both)."""
+    everything, runtime = locked(), locked("requirements-runtime.lock")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for requirement in (Requirement(text) for text in project["dependencies"]):
+        assert canonicalize_name(requirement.name) in runtime, f"{requirement.name} is not in requirements-runtime.lock"
+    differing = {name: (version, everything.get(name, ("missing",))[0])
+                 for name, (version, _, _) in runtime.items() if everything.get(name, ("",))[0] != version}
+    assert differing == {}, f"requirements-runtime.lock differs from requirements.lock: {differing}"
+    assert all(hashes for _, _, hashes in runtime.values())
+    assert "requirements-runtime.lock" in (ROOT / "Dockerfile").read_text()
