@@ -61,9 +61,9 @@ class ShardSimulator:
         self.received: list[dict[str, Any]] = []
         self.news: list[dict[str, Any]] = []
         self.refused: str | None = None
+        """Why the gateway refused the hello, when it said so before closing."""
         self.tls_error: str | None = None
         """The TLS alert the gateway closed the connection with (OpenSSL's reason), if it did."""
-        """Why the gateway refused the hello, when it said so before closing."""
         self._done: dict[str, dict[str, Any]] = {}
         self._in_flight: set[str] = set()
         self._outbox: list[bytes] = []

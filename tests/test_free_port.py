@@ -6,7 +6,10 @@ meant to listen there started (a CI run lost a ledger that way: its metrics port
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 
 from shardbus import embedded
 
@@ -43,9 +46,6 @@ def test_two_processes_drawing_at_once_never_get_the_same_port(tmp_path, monkeyp
     """The CI run that lost ``shardbus up``'s gateway to ``address already in use``: the other
     test worker drew the same port before the gateway listened. 500 draws against 500 met about
     11 times before draws were claimed machine-wide."""
-    import os
-    import subprocess
-    import sys
 
     monkeypatch.setattr(embedded, "_reservations", lambda: tmp_path / f"shardbus-ports-{os.getuid()}")
     other = subprocess.Popen([sys.executable, "-c", DRAWER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -71,9 +71,6 @@ def test_two_processes_drawing_at_once_never_get_the_same_port(tmp_path, monkeyp
 def test_a_port_asked_for_is_handed_to_the_process_that_listens(tmp_path, monkeypatch):
     """A test draws ports and asks ``shardbus up`` for them; the next start of that state
     directory, asked for nothing, keeps them: the claim went to the first start, now gone."""
-    import os
-    import subprocess
-    import sys
 
     monkeypatch.setattr(embedded, "_reservations", lambda: tmp_path / f"shardbus-ports-{os.getuid()}")
     port = embedded.free_port()  # claimed by this (living) process
