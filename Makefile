@@ -210,6 +210,7 @@ docs: $(STAMP)
 	echo "$$documented" | while read -r service factory; do \
 		$(VENV)/bin/faststream docs gen --factory "$$factory" \
 			--out docs/asyncapi/$$service.json >/dev/null; \
+		$(PY) -m shardbus.asyncapi_docs docs/asyncapi/$$service.json; \
 		echo "docs/asyncapi/$$service.json"; done
 	$(PY) -m services.web.openapi --out docs/openapi/web.json
 

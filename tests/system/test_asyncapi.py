@@ -12,6 +12,7 @@ from urllib.parse import unquote
 import pytest
 
 from shardbus import registry
+from shardbus.asyncapi_docs import stable_text
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = tuple(service.name for service in registry.SERVICES if service.asyncapi)
@@ -30,6 +31,13 @@ def test_the_committed_asyncapi_document_matches_the_code(service, tmp_path):
     committed = json.loads((ROOT / "docs" / "asyncapi" / f"{service}.json").read_text())
     assert sorted(generated["channels"]) == sorted(committed["channels"]), "run `make docs`"
     assert generated["components"] == committed["components"], "run `make docs`"
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_the_committed_asyncapi_document_is_written_in_its_one_stable_form(service):
+    path = ROOT / "docs" / "asyncapi" / f"{service}.json"
+    text = path.read_text()
+    assert text == stable_text(json.loads(text)), "run `make docs`: it writes keys sorted"
 
 
 @pytest.mark.parametrize("service", SERVICES)
