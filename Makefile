@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 LOCAL_NATS_URL ?= nats://127.0.0.1:4222
 LOCAL_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
-.PHONY: lock up test test-unit test-integration test-system test-local-servers test-faults test-hosts tcpdump test-model test-link-model test-schemathesis bench fault-runs soak docs clean browser promtool npm-tools lint engine images test-compose
+.PHONY: lock up test test-unit test-integration test-system test-local-servers test-faults test-hosts tcpdump test-model test-link-model test-schemathesis bench fault-runs soak docs clean browser promtool npm-tools lint engine images test-compose tls-certs
 
 # Every package comes from requirements.lock, exact versions with their hashes (a release that
 # changed under a version, or a package nothing asked for, is refused); the project itself is
@@ -81,8 +81,9 @@ promtool:
 # podman through its Docker API) and debootstrap when one is missing (root: apt-get, about 50 s),
 # and fails when it cannot. `make images` builds the stand-ins for the images Docker Hub would
 # give (deploy/images/build.sh: about 2.5 min the first time, seconds after). `make test-compose`
-# runs the compose tests with SHARDBUS_REQUIRE_COMPOSE=1: a missing engine or image fails them,
-# never skips. `make test` leaves them out and needs no engine.
+# runs the compose tests (the TLS files' too: tests/deploy/test_compose_tls.py) with
+# SHARDBUS_REQUIRE_COMPOSE=1: a missing engine or image fails them, never skips. `make test`
+# leaves them out and needs no engine.
 engine:
 	@for tool in podman runc docker-compose debootstrap; do command -v $$tool >/dev/null || missing=1; done; \
 	if [ -n "$$missing" ]; then echo "== installing Debian's podman, runc, docker-compose and debootstrap (compose tests)"; \
@@ -92,7 +93,15 @@ engine:
 images: engine
 	deploy/images/build.sh
 test-compose: $(STAMP) images
-	$(NO_STACK) SHARDBUS_REQUIRE_COMPOSE=1 $(PY) -m pytest -p no:randomly -m needs_engine tests/deploy/test_compose_up.py
+	$(NO_STACK) SHARDBUS_REQUIRE_COMPOSE=1 $(PY) -m pytest -p no:randomly -m needs_engine \
+		tests/deploy/test_compose_up.py tests/deploy/test_compose_tls.py
+
+# A trial's TLS certificates for compose.tls.yaml and compose.cluster-tls.yaml in TLS_DIR (./tls,
+# the directory they mount): a CA made for the occasion, its key thrown away once they are signed
+# (deploy/tls-certs.sh; docs/security.md, "TLS"). Production uses the operator's own CA.
+TLS_DIR ?= tls
+tls-certs:
+	deploy/tls-certs.sh $(TLS_DIR)
 
 # The AsyncAPI documents' check (tests/system/test_asyncapi_parser.py) runs the official AsyncAPI
 # parser, an npm package: this installs tests/npm's exact versions (package-lock.json) into
