@@ -1,0 +1,376 @@
+"""The ledger cut from PostgreSQL in the middle of a batch, on real hosts (docs/reliability.md,
+"Hosts", "The ledger cut from PostgreSQL"; issue 36). PostgreSQL, two ledgers, two cleanups, the
+3-node NATS cluster and a gateway each on a host of their own; the test process plays the
+website (runs created, resources recorded, runs ended, each ledger request retried with the same
+payload until answered 2xx) and the shard's world (a simulated shard dialled into the gateway,
+answering the cleanups' give-backs and counting each by serial). Once a burst of requests is in
+flight and a statement is in flight on ledger A (its pool gauge), ledger A's host is cut from
+the PostgreSQL host, both ways, for ``CUT_HELD_S``, then healed. The checker
+(``ledger_checker.py``) then holds the whole history to the promises.
+
+Needs root (``make test-hosts``); skipped with the reason elsewhere, failed instead when
+``SHARDBUS_REQUIRE_HOSTS=1``."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import nats
+import nats.errors
+import pytest
+from nats.aio.client import Client
+
+from shared import subjects
+from simulator.shard import ShardSimulator
+from simulator.world import ShardWorld
+from tests.hosts import harness, ledger_world
+from tests.hosts import ledger_checker as checker
+from tests.hosts.net import Host, Hosts, why_not_available
+
+REASON = why_not_available()
+if REASON is not None and os.environ.get("SHARDBUS_REQUIRE_HOSTS") == "1":
+    pytest.fail(f"SHARDBUS_REQUIRE_HOSTS=1 but {REASON}", pytrace=False)
+pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+
+SHARD = "lh1"
+CREATURES, LEASES = 20, 2
+"""Each run spawns 20 creatures (one ``world.spawn``) and leases 2 values: 22 resources, recorded
+at once (a burst the ledgers coalesce into batches, docs/ledger.md, "Hot subjects and batches")."""
+
+EVERY_S = 0.25
+"""A run is started every 0.25 s, from before the cut until ``AFTER_HEAL_S`` after the heal."""
+
+AFTER_HEAL_S = 4.0
+
+CUT_HELD_S = 8.0
+"""Longer than a statement may go unanswered (5 s statement timeout + 1 s, docs/reliability.md,
+"PostgreSQL"): the statement cut mid-flight is given up on while the cut holds."""
+
+ATTEMPT_S = 12.0
+"""An attempt's timeout at the website: the longest the docs let a request take while the
+database is unreachable is a pooled connection waited for (5 s) plus a statement (5 + 1 s),
+"acquire + statement ≈ 11 s" (docs/reliability.md, "PostgreSQL")."""
+
+GIVE_UP_S = 90.0
+"""How long the website retries one request (503s, timeouts) before counting it unfinished."""
+
+CLEANUP = {"sweep_period_s": "0.3", "claim_timeout_s": "3", "command_timeout_s": "2", "ledger_timeout_s": "2",
+           "max_attempts": "20", "reconcile_period_s": "3600"}
+"""As the loopback fault suite's cleanups (tests/faults/workload.py, ``RUN_LOAD_CLEANUP``):
+short periods, so giving back resumes within seconds of the heal."""
+
+
+@dataclass
+class Window:
+    """When the cut began and ended (monotonic), to tell which attempts overlapped it."""
+
+    cut_at: float | None = None
+    healed_at: float | None = None
+
+    def overlaps(self, start: float, end: float) -> bool:
+        return self.cut_at is not None and start <= (self.healed_at or float("inf")) and end >= self.cut_at
+
+
+@dataclass
+class Website:
+    """Ledger requests (each attempt recorded, retried with the same payload after a 503 or no
+    answer) and shard commands (an idempotency key of their own, retried while unanswered)."""
+
+    nc: Client
+    attempts: list[checker.Attempt] = field(default_factory=list)
+    unfinished: list[str] = field(default_factory=list)
+    in_flight: int = 0
+    commands: int = 0
+
+    async def ledger(self, subject: str, body: dict[str, Any]) -> dict[str, Any]:
+        payload = json.dumps(body, sort_keys=True).encode()
+        key = f"{subject} {payload.decode()}"
+        deadline = time.monotonic() + GIVE_UP_S
+        self.in_flight += 1
+        try:
+            while True:
+                start, status, reply = time.monotonic(), None, {}
+                try:
+                    msg = await self.nc.request(subject, payload, timeout=ATTEMPT_S)
+                    reply = json.loads(msg.data)
+                    status = int(reply.get("status", 0))
+                except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+                    pass
+                self.attempts.append(checker.Attempt(subject, key, status, start, time.monotonic() - start, False))
+                if status is not None and 200 <= status < 300:
+                    return reply
+                if (status is not None and status != 503) or time.monotonic() > deadline:
+                    self.unfinished.append(f"{key[:120]} → {status}")
+                    raise AssertionError(f"{subject} not answered 2xx: {status} {reply}")
+                await asyncio.sleep(0.2)
+        finally:
+            self.in_flight -= 1
+
+    async def command(self, verb: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A command to the shard through the gateway (not cut: retried only while unanswered)."""
+        body = {**body, "idempotencyKey": hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:24]}
+        deadline = time.monotonic() + GIVE_UP_S
+        self.commands += 1
+        while True:
+            try:
+                msg = await self.nc.request(f"shard.{SHARD}.cmd.{verb}", json.dumps(body).encode(), timeout=5)
+                reply: dict[str, Any] = json.loads(msg.data)
+                if reply.get("status") == 200:
+                    return reply
+                if reply.get("status") not in (503, 504):
+                    raise AssertionError(f"{verb} answered {reply}")
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+                pass
+            assert time.monotonic() < deadline, f"{verb} unanswered for {GIVE_UP_S} s"
+            await asyncio.sleep(0.2)
+
+
+@dataclass
+class Workload:
+    """Runs on the shard, each created, populated, recorded and ended by the website."""
+
+    web: Website
+    recorded: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """ref → (run, kind) of every resource the ledger answered 2xx for."""
+    started: list[str] = field(default_factory=list)
+    ended: list[str] = field(default_factory=list)
+
+    async def one_run(self, run: str) -> None:
+        await self.web.ledger(subjects.LEDGER_RUN_CREATE, {"runId": run, "shard": SHARD, "event": "invasion"})
+        await self.web.ledger(subjects.LEDGER_RUN_STATUS, {"runId": run, "status": "running"})
+        spawned = await self.web.command("world.spawn", {"runId": run, "what": "creature", "count": CREATURES})
+        rows = [("creature", serial, {}) for serial in spawned["body"]["serials"]]
+        for lease in range(LEASES):
+            target = f"{run}-t{lease}"  # one spawner per lease: Spawner.MaxCount is a targeted key
+            applied = await self.web.command("lease.apply", {"runId": run, "key": "Spawner.MaxCount", "target": target,
+                                                             "value": "25", "holdMs": 3_600_000})
+            rows.append(("lease", f"Spawner.MaxCount@{target}",
+                         {"key": "Spawner.MaxCount", "target": target, "expected": "25",
+                          "baseline": applied["body"]["baseline"]}))
+
+        async def record(kind: str, ref: str, revert: dict[str, Any]) -> None:
+            await self.web.ledger(subjects.LEDGER_RESOURCE_RECORD, {
+                "runId": run, "module": "arena", "kind": kind, "ref": ref,
+                "idempotencyKey": f"{run}:arena:{kind}:{ref}", "revert": revert})
+            self.recorded[ref] = (run, kind)
+
+        await asyncio.gather(*(record(*row) for row in rows))
+        await self.web.ledger(subjects.LEDGER_RUN_STATUS, {"runId": run, "status": "cancelled"})
+        self.ended.append(run)
+
+    async def produce(self, stop: asyncio.Event) -> None:
+        """A run every ``EVERY_S`` until ``stop``; then until every run started has ended."""
+        tasks = []
+        while not stop.is_set():
+            run = f"lh-{len(self.started)}"
+            self.started.append(run)
+            tasks.append(asyncio.create_task(self.one_run(run)))
+            await asyncio.sleep(EVERY_S)
+        await asyncio.gather(*tasks)
+
+
+class Tally:
+    """What the shard's world gave back: despawns by serial, lease releases by ``key@target``
+    (a replay from the shard's idempotency cache never reaches the world)."""
+
+    def __init__(self, world: ShardWorld) -> None:
+        self.despawned = world.despawned
+        self.released: Counter[str] = Counter()
+        inner = world._lease_release
+
+        def counting(body: dict[str, Any]) -> dict[str, Any]:
+            self.released[f"{body.get('key')}@{body.get('target')}"] += 1
+            return inner(body)
+
+        world._lease_release = counting  # type: ignore[method-assign]
+
+
+async def wait_for(what: str, condition: Callable[[], Any], timeout: float, every: float = 0.2) -> None:
+    """Poll ``condition()`` (sync or async) until it holds; a TimeoutError naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not within {timeout} s: {what}")
+        await asyncio.sleep(every)
+
+
+async def cut_mid_batch(hosts: Hosts, ledger_host: Host, pg_host: Host, ledger: harness.Started, web: Website,
+                        window: Window, notes: dict[str, object]) -> None:
+    """Made to happen: a burst of the website's requests in flight and a statement in flight on
+    ledger A (its pool's ``in_use`` gauge read just before); then ledger A's host drops every
+    packet to and from the PostgreSQL host for ``CUT_HELD_S``; healed. That the cut met work
+    on ledger A is then seen in its log ("database unreachable"); if not, cut again (at most 3)."""
+    for attempt in range(1, 4):
+        before = ledger.log().count('"database unreachable"')
+
+        async def busy() -> bool:
+            return web.in_flight >= 8 and await asyncio.to_thread(ledger_world.pool_in_use, ledger_host) >= 1
+
+        await wait_for("a burst in flight and a statement in flight on ledger A", busy, 60, every=0.02)
+        await asyncio.to_thread(hosts.cut, ledger_host, [pg_host])
+        window.cut_at, window.healed_at = time.monotonic(), None
+        notes["website requests in flight at the cut"] = web.in_flight
+        try:
+            await asyncio.sleep(CUT_HELD_S)
+        finally:
+            await asyncio.to_thread(hosts.heal, ledger_host)
+            window.healed_at = time.monotonic()
+        seen = ledger.log().count('"database unreachable"') - before
+        notes["ledger A answered 503 (database unreachable)"] = seen
+        if seen:
+            notes["cuts"] = attempt
+            return
+    raise AssertionError("three cuts met no statement on ledger A")
+
+
+async def read_log(url: str) -> list[dict[str, Any]]:
+    """Every run-log entry that carries an event (docs/ledger.md, "Update events")."""
+    conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"), timeout=10)
+    try:
+        return [dict(r) for r in await conn.fetch(
+            "SELECT id, run_id, resource_id, kind FROM run_log WHERE run IS NOT NULL ORDER BY id")]
+    finally:
+        await conn.close()
+
+
+def keep(workdir: Path, name: str) -> Path:
+    """The run's logs, kept beyond pytest's rotation: ``SHARDBUS_HOSTS_OUT``, else ``.hosts-runs/``."""
+    root = Path(os.environ.get("SHARDBUS_HOSTS_OUT") or Path(__file__).resolve().parents[2] / ".hosts-runs")
+    target = root / f"{time.strftime('%Y%m%dT%H%M%S')}-{name.replace(' ', '-')}"
+    target.mkdir(parents=True, exist_ok=True)
+    for path in workdir.iterdir():
+        if path.is_file() and path.suffix in {".log", ".json"}:
+            shutil.copy2(path, target / path.name)
+    return target
+
+
+async def all_clean(nc: Client, runs: list[str]) -> bool:
+    try:
+        msg = await nc.request(subjects.LEDGER_RUNS, json.dumps({"cleanupStatus": "complete", "limit": 1000}).encode(),
+                               timeout=5)
+    except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+        return False
+    return {r["runId"] for r in json.loads(msg.data).get("runs", [])} >= set(runs)
+
+
+async def console(nc: Client, run: str) -> dict[str, Any]:
+    for _ in range(10):
+        try:
+            msg = await nc.request(subjects.LEDGER_CONSOLE, json.dumps({"runId": run}).encode(), timeout=5)
+            reply: dict[str, Any] = json.loads(msg.data)
+            if reply.get("status") == 200:
+                return reply
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            pass
+        await asyncio.sleep(0.5)
+    raise TimeoutError(f"no console of {run}")
+
+
+async def test_a_ledger_cut_from_postgresql_mid_batch_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    name = "ledger cut from postgresql"
+    started_at = time.monotonic()
+    processes = harness.Processes(tmp_path)
+    notes: dict[str, object] = {}
+    window = Window()
+    verdict = checker.LedgerVerdict()
+    with Hosts(tmp_path) as hosts:
+        try:
+            nats_hosts = [hosts.add(f"nats{i}") for i in (1, 2, 3)]
+            gw_host, pg_host = hosts.add("gw"), hosts.add("pg")
+            ledger_hosts = [hosts.add("ledgera"), hosts.add("ledgerb")]
+            cleanup_hosts = [hosts.add("cleanupa"), hosts.add("cleanupb")]
+            nodes = harness.start_cluster(processes, nats_hosts, tmp_path)
+            ledger_world.start_postgres(processes, pg_host, tmp_path, trusted=f"{hosts.net}.0/24")
+            url = ledger_world.database_url(pg_host)
+            notes["migrate"] = ledger_world.migrate(ledger_hosts[0], url, tmp_path)
+            harness.start_gateway(processes, gw_host, nodes, tmp_path)
+            ledgers = [ledger_world.start_ledger(processes, host, nodes, url, tmp_path) for host in ledger_hosts]
+            nc = await harness.connect(nodes)
+            world = ShardWorld()
+            tally = Tally(world)
+            sim = ShardSimulator(gw_host.address, harness.SHARD_PORT, SHARD, harness.TOKEN, world=world)
+            try:
+                await sim.connect(timeout=10)
+                # Cleanups started in threads: the shard, on this loop, keeps answering meanwhile.
+                for host in cleanup_hosts:
+                    await asyncio.to_thread(ledger_world.start_service, processes, "cleanup", host, nodes,
+                                            tmp_path, **CLEANUP)
+                web = Website(nc)
+                await wait_for("the shard answers through the gateway",
+                               lambda: _answers(nc), 30)
+                work = Workload(web)
+                stop = asyncio.Event()
+                producing = asyncio.create_task(work.produce(stop))
+                await wait_for("5 runs ended before the cut", lambda: len(work.ended) >= 5 or producing.done(), 60)
+                await cut_mid_batch(hosts, ledger_hosts[0], pg_host, ledgers[0], web, window, notes)
+                await asyncio.sleep(AFTER_HEAL_S)
+                stop.set()
+                await asyncio.wait_for(producing, GIVE_UP_S + 30)
+                notes["runs produced (s)"] = round(time.monotonic() - started_at, 1)
+                cleaned_from = time.monotonic()
+                try:
+                    await wait_for("every run's cleanup complete", lambda: all_clean(nc, work.ended), 120, every=0.5)
+                    notes["every cleanup complete within (s) of the last run ended"] = round(
+                        time.monotonic() - cleaned_from, 1)
+                except TimeoutError:
+                    notes["every cleanup complete"] = "not within 120 s"
+                consoles = {run: await console(nc, run) for run in work.ended}
+                log = await read_log(url)
+                try:
+                    await wait_for("the relay published every event", lambda: _published(nc, len(log)), 60, every=0.5)
+                except TimeoutError:
+                    notes["events published"] = "fewer than changes 60 s after"
+                events = [json.loads(data) for _subject, data in
+                          await harness.read_through_leader(nc, subjects.LEDGER_EVENTS_STREAM)]
+                for attempt in web.attempts:
+                    attempt.during_cut = window.overlaps(attempt.started, attempt.started + attempt.elapsed)
+                checker.check_requests(verdict, web.attempts, web.unfinished)
+                checker.check_give_backs(verdict, work.recorded, tally.despawned, tally.released)
+                checker.check_runs(verdict, work.started, consoles)
+                checker.check_events(verdict, log, events)
+                notes["shard commands"] = web.commands
+            finally:
+                await sim.close()
+                await nc.close()
+        finally:
+            processes.stop_all()
+            kept = keep(tmp_path, name)
+    elapsed = time.monotonic() - started_at
+    shown = "".join(f"; {key} {value}" for key, value in notes.items() if key != "migrate")
+    line = f"hosts, {name}: {verdict.summary()}{shown}; {elapsed:.0f} s"
+    print(f"\n{line}")
+    (kept / "summary.txt").write_text(line + "\n" + "\n".join(verdict.violations) + "\n")
+    assert hosts.leftovers() == []
+    assert not verdict.violations, "\n".join(verdict.violations)
+
+
+async def _answers(nc: Client) -> bool:
+    try:
+        msg = await nc.request(f"shard.{SHARD}.cmd.lease.list", b"{}", timeout=2)
+        return bool(json.loads(msg.data).get("status") == 200)
+    except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+        return False
+
+
+async def _published(nc: Client, changes: int) -> bool:
+    try:
+        info = await harness.stream_info(nc, subjects.LEDGER_EVENTS_STREAM)
+    except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+        return False
+    return int((info.get("state") or {}).get("messages") or 0) >= changes
