@@ -33,16 +33,19 @@ def database_url(pg_host: Host, database: str = DATABASE) -> str:
     return f"postgresql+asyncpg://postgres@{pg_host.address}:{PG_PORT}/{database}"
 
 
-def start_postgres(processes: harness.Processes, host: Host, workdir: Path, trusted: str,
+def start_postgres(processes: harness.Processes, host: Host, workdir: Path, data_dir: Path, trusted: str,
                    timeout: float = 60.0) -> harness.Started:
     """PostgreSQL on ``host`` (initialised as the suite's tests/conftest.py does, through
     ``shardbus.embedded``: its own system user when root, trust auth), listening on the host's
     address only, ``pg_hba.conf`` trusting ``trusted`` (the hosts' private range, e.g.
     ``10.231.0.0/16``); fsync off, as for the suite's throw-away databases. Returns once
-    ``pg_isready`` answers from the test's namespace and database ``ledger`` exists."""
+    ``pg_isready`` answers from the test's namespace and database ``ledger`` exists. The data go
+    in ``data_dir``, not under pytest's basetemp, as tests/conftest.py's ``servers_dir`` says
+    why (and another run's pytest resets its root to mode 0700, which shuts the server's own
+    user out); its log in ``workdir``."""
     bin_dir = embedded._pg_bin()
     user = embedded._pg_user()
-    pgdata = workdir / "pg" / "data"
+    pgdata = data_dir / "data"
     pgdata.mkdir(parents=True, exist_ok=True)
     if user:
         embedded._let_user_reach(pgdata, user)

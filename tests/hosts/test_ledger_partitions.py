@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -210,33 +211,79 @@ async def wait_for(what: str, condition: Callable[[], Any], timeout: float, ever
         await asyncio.sleep(every)
 
 
-async def cut_mid_batch(hosts: Hosts, ledger_host: Host, pg_host: Host, ledger: harness.Started, web: Website,
-                        window: Window, notes: dict[str, object]) -> None:
-    """Made to happen: a burst of the website's requests in flight and a statement in flight on
-    ledger A (its pool's ``in_use`` gauge read just before); then ledger A's host drops every
-    packet to and from the PostgreSQL host for ``CUT_HELD_S``; healed. That the cut met work
-    on ledger A is then seen in its log ("database unreachable"); if not, cut again (at most 3)."""
-    for attempt in range(1, 4):
-        before = ledger.log().count('"database unreachable"')
+BATCH_WAITING = """
+    SELECT pid, left(regexp_replace(query, '\\s+', ' ', 'g'), 60) AS query FROM pg_stat_activity
+    WHERE host(client_addr) = $1 AND wait_event_type = 'Lock'
+      AND query ILIKE '%unnest%' AND query ILIKE '%INSERT INTO resources%'"""
+"""Ledger A's batches of records (``ADD_RESOURCES``: one statement over ``unnest`` arrays,
+docs/ledger.md, "Hot subjects and batches") waiting on a lock."""
 
-        async def busy() -> bool:
-            return web.in_flight >= 8 and await asyncio.to_thread(ledger_world.pool_in_use, ledger_host) >= 1
 
-        await wait_for("a burst in flight and a statement in flight on ledger A", busy, 60, every=0.02)
-        await asyncio.to_thread(hosts.cut, ledger_host, [pg_host])
-        window.cut_at, window.healed_at = time.monotonic(), None
-        notes["website requests in flight at the cut"] = web.in_flight
-        try:
-            await asyncio.sleep(CUT_HELD_S)
-        finally:
-            await asyncio.to_thread(hosts.heal, ledger_host)
-            window.healed_at = time.monotonic()
-        seen = ledger.log().count('"database unreachable"') - before
-        notes["ledger A answered 503 (database unreachable)"] = seen
-        if seen:
-            notes["cuts"] = attempt
+async def cut_mid_batch(hosts: Hosts, ledger_host: Host, pg_host: Host, url: str, window: Window,
+                        notes: dict[str, object]) -> None:
+    """Made to happen, not hoped for: the test's own session takes ``resources`` in SHARE mode
+    (inserts and updates wait, reads go on) until one of ledger A's batch statements is seen
+    waiting on it (``pg_stat_activity``, at most 2 s, then released and tried again — below the
+    5 s statement timeout); then ledger A's host drops every packet to and from the PostgreSQL
+    host, the lock is released, and the batch runs and commits on the server while its answer
+    cannot reach the ledger. Held ``CUT_HELD_S``; healed."""
+    conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"), timeout=10)
+    try:
+        for attempt in range(1, 21):
+            tx = conn.transaction()
+            await tx.start()
+            await conn.execute("LOCK TABLE resources IN SHARE MODE")
+            waiting: list[asyncpg.Record] = []
+            deadline = time.monotonic() + 2.0
+            while not waiting and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+                waiting = await conn.fetch(BATCH_WAITING, ledger_host.address)
+            if not waiting:
+                await tx.rollback()
+                await asyncio.sleep(0.3)
+                continue
+            await asyncio.to_thread(hosts.cut, ledger_host, [pg_host])
+            window.cut_at = time.monotonic()
+            await tx.rollback()  # the lock released: the batch runs, commits, and answers into the cut
+            notes["tries"] = attempt
+            notes["batch statements of ledger A cut mid-flight"] = [r["query"] for r in waiting]
+            try:
+                ran = await _finished(conn, [r["pid"] for r in waiting], 5.0)
+                notes["committed on the server during the cut"] = ran
+                await asyncio.sleep(max(0.0, CUT_HELD_S - (time.monotonic() - window.cut_at)))
+            finally:
+                await asyncio.to_thread(hosts.heal, ledger_host)
+                window.healed_at = time.monotonic()
             return
-    raise AssertionError("three cuts met no statement on ledger A")
+        raise AssertionError("in 20 tries no batch of ledger A waited on the lock")
+    finally:
+        await conn.close()
+
+
+async def _finished(conn: asyncpg.Connection, pids: list[int], timeout: float) -> bool:
+    """Whether those backends' statements ended (the session idle, or gone) within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        busy = await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1::int[]) "
+                                   "AND state = 'active'", pids)
+        if busy == 0:
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def relay_on(url: str, ledgers: dict[str, Host]) -> str:
+    """Which ledger's relay is at work: the address of the session holding an advisory lock
+    (docs/ledger.md, "Update events"); "none" while no relay holds it."""
+    conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"), timeout=10)
+    try:
+        addresses = [str(r["client_addr"]) for r in await conn.fetch(
+            "SELECT a.client_addr FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.granted")]
+    finally:
+        await conn.close()
+    by_address = {host.address: name for name, host in ledgers.items()}
+    return ", ".join(by_address.get(a, a) for a in addresses) or "none"
 
 
 async def read_log(url: str) -> list[dict[str, Any]]:
@@ -289,6 +336,7 @@ async def test_a_ledger_cut_from_postgresql_mid_batch_loses_and_repeats_nothing(
     notes: dict[str, object] = {}
     window = Window()
     verdict = checker.LedgerVerdict()
+    pg_dir = Path(tempfile.mkdtemp(prefix="shardbus-hosts-pg-"))
     with Hosts(tmp_path) as hosts:
         try:
             nats_hosts = [hosts.add(f"nats{i}") for i in (1, 2, 3)]
@@ -296,11 +344,16 @@ async def test_a_ledger_cut_from_postgresql_mid_batch_loses_and_repeats_nothing(
             ledger_hosts = [hosts.add("ledgera"), hosts.add("ledgerb")]
             cleanup_hosts = [hosts.add("cleanupa"), hosts.add("cleanupb")]
             nodes = harness.start_cluster(processes, nats_hosts, tmp_path)
-            ledger_world.start_postgres(processes, pg_host, tmp_path, trusted=f"{hosts.net}.0/24")
+            ledger_world.start_postgres(processes, pg_host, tmp_path, pg_dir, trusted=f"{hosts.net}.0/24")
             url = ledger_world.database_url(pg_host)
             notes["migrate"] = ledger_world.migrate(ledger_hosts[0], url, tmp_path)
             harness.start_gateway(processes, gw_host, nodes, tmp_path)
-            ledgers = [ledger_world.start_ledger(processes, host, nodes, url, tmp_path) for host in ledger_hosts]
+            # Ledger A first, and B only once A's relay holds the lock: the cut then also meets the
+            # relay's own session (events committed and not yet published wait out the cut).
+            named = {"ledger A": ledger_hosts[0], "ledger B": ledger_hosts[1]}
+            ledgers = [ledger_world.start_ledger(processes, ledger_hosts[0], nodes, url, tmp_path)]
+            await wait_for("ledger A's relay holds the lock", lambda: _relay_is(url, named, "ledger A"), 30)
+            ledgers.append(ledger_world.start_ledger(processes, ledger_hosts[1], nodes, url, tmp_path))
             nc = await harness.connect(nodes)
             world = ShardWorld()
             tally = Tally(world)
@@ -318,7 +371,11 @@ async def test_a_ledger_cut_from_postgresql_mid_batch_loses_and_repeats_nothing(
                 stop = asyncio.Event()
                 producing = asyncio.create_task(work.produce(stop))
                 await wait_for("5 runs ended before the cut", lambda: len(work.ended) >= 5 or producing.done(), 60)
-                await cut_mid_batch(hosts, ledger_hosts[0], pg_host, ledgers[0], web, window, notes)
+                notes["relay before the cut"] = await relay_on(url, named)
+                before = ledgers[0].log().count('"database unreachable"')
+                await cut_mid_batch(hosts, ledger_hosts[0], pg_host, url, window, notes)
+                notes["ledger A answered 503 (database unreachable)"] = (
+                    ledgers[0].log().count('"database unreachable"') - before)
                 await asyncio.sleep(AFTER_HEAL_S)
                 stop.set()
                 await asyncio.wait_for(producing, GIVE_UP_S + 30)
@@ -330,6 +387,7 @@ async def test_a_ledger_cut_from_postgresql_mid_batch_loses_and_repeats_nothing(
                         time.monotonic() - cleaned_from, 1)
                 except TimeoutError:
                     notes["every cleanup complete"] = "not within 120 s"
+                notes["relay after"] = await relay_on(url, named)
                 consoles = {run: await console(nc, run) for run in work.ended}
                 log = await read_log(url)
                 try:
@@ -340,6 +398,14 @@ async def test_a_ledger_cut_from_postgresql_mid_batch_loses_and_repeats_nothing(
                           await harness.read_through_leader(nc, subjects.LEDGER_EVENTS_STREAM)]
                 for attempt in web.attempts:
                     attempt.during_cut = window.overlaps(attempt.started, attempt.started + attempt.elapsed)
+                (tmp_path / "attempts.json").write_text(json.dumps(
+                    {"cut_at": window.cut_at, "healed_at": window.healed_at,
+                     "attempts": [vars(a) for a in web.attempts]}))
+                slow = sorted(a.elapsed for a in web.attempts if a.during_cut and a.status is not None)
+                spanning = Counter(str(a.status) for a in web.attempts if window.cut_at is not None
+                                   and a.started < window.cut_at < a.started + a.elapsed)
+                notes["website attempts in flight at the cut, answered"] = dict(spanning)
+                notes["answers during the cut slower than 5 s"] = sum(1 for e in slow if e > 5)
                 checker.check_requests(verdict, web.attempts, web.unfinished)
                 checker.check_give_backs(verdict, work.recorded, tally.despawned, tally.released)
                 checker.check_runs(verdict, work.started, consoles)
@@ -350,6 +416,7 @@ async def test_a_ledger_cut_from_postgresql_mid_batch_loses_and_repeats_nothing(
                 await nc.close()
         finally:
             processes.stop_all()
+            shutil.rmtree(pg_dir, ignore_errors=True)
             kept = keep(tmp_path, name)
     elapsed = time.monotonic() - started_at
     shown = "".join(f"; {key} {value}" for key, value in notes.items() if key != "migrate")
@@ -374,3 +441,7 @@ async def _published(nc: Client, changes: int) -> bool:
     except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
         return False
     return int((info.get("state") or {}).get("messages") or 0) >= changes
+
+
+async def _relay_is(url: str, ledgers: dict[str, Host], name: str) -> bool:
+    return await relay_on(url, ledgers) == name
