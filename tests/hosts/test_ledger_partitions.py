@@ -54,11 +54,11 @@ EVERY_S = 0.25
 
 AFTER_HEAL_S = 4.0
 
-CUT_HELD_S = 8.0
+CUT_HELD_S = float(os.environ.get("SHARDBUS_HOSTS_LEDGER_CUT_S") or 8.0)
 """Longer than a statement may go unanswered (5 s statement timeout + 1 s, docs/reliability.md,
 "PostgreSQL"): the statement cut mid-flight is given up on while the cut holds."""
 
-ATTEMPT_S = 12.0
+ATTEMPT_S = float(os.environ.get("SHARDBUS_HOSTS_LEDGER_ATTEMPT_S") or 12.0)
 """An attempt's timeout at the website: the longest the docs let a request take while the
 database is unreachable is a pooled connection waited for (5 s) plus a statement (5 + 1 s),
 "acquire + statement ≈ 11 s" (docs/reliability.md, "PostgreSQL")."""
