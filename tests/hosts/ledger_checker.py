@@ -108,9 +108,12 @@ def check_give_backs(verdict: LedgerVerdict, recorded: dict[str, tuple[str, str]
     verdict.add("given back but never recorded", sorted(k for k in given if k not in known))
 
 
-def check_runs(verdict: LedgerVerdict, runs: list[str], consoles: dict[str, dict[str, Any]]) -> None:
-    """Every run's console: cleanup ``complete``, nothing ``reverting``, nothing unresolved."""
+def check_runs(verdict: LedgerVerdict, runs: list[str], consoles: dict[str, dict[str, Any]],
+               failed: list[tuple[str, str]]) -> None:
+    """Every run's console: cleanup ``complete``, nothing ``reverting``, nothing unresolved;
+    ``failed``: the runs the website could not walk through, with why (each a violation)."""
     verdict.runs = len(runs)
+    verdict.add("runs the website could not walk through", failed)
     verdict.add("runs not found", [run for run in runs if run not in consoles])
     left = []
     for run in runs:

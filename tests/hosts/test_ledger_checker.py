@@ -33,7 +33,7 @@ def verdict_of(h: dict[str, Any]) -> checker.LedgerVerdict:
     verdict = checker.LedgerVerdict()
     checker.check_requests(verdict, h["attempts"], [])
     checker.check_give_backs(verdict, h["recorded"], h["despawned"], h["released"])
-    checker.check_runs(verdict, ["r"], h["consoles"])
+    checker.check_runs(verdict, ["r"], h["consoles"], h.get("failed", []))
     checker.check_events(verdict, h["log"], h["events"])
     return verdict
 
@@ -52,8 +52,10 @@ def test_each_broken_promise_is_named() -> None:
     h["released"] = Counter()
     h["consoles"]["r"]["run"]["cleanupStatus"] = "pending"
     h["events"] = [*h["events"][1:], h["events"][2]]
+    h["failed"] = [("r2", "AssertionError('ledger.run.create not answered 2xx: 500')")]
     found = "\n".join(verdict_of(h).violations)
     for what in ("unanswered within their timeout", "given back more than once: 1 (('creature:s1', 2))",
-                 "never given back: 1 (lease:K@t)", "runs left pending", "changes without their event: 1",
+                 "never given back: 1 (lease:K@t)", "runs left pending", "could not walk through: 1 (('r2',",
+                 "changes without their event: 1",
                  "changes with more than one event: 1 ((3, 'resource.recorded', 2))"):
         assert what in found, found

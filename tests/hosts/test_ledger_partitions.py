@@ -146,6 +146,8 @@ class Workload:
     """ref → (run, kind) of every resource the ledger answered 2xx for."""
     started: list[str] = field(default_factory=list)
     ended: list[str] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    """Runs the website could not walk through (a request or command never answered 2xx/200)."""
 
     async def one_run(self, run: str) -> None:
         await self.web.ledger(subjects.LEDGER_RUN_CREATE, {"runId": run, "shard": SHARD, "event": "invasion"})
@@ -178,7 +180,9 @@ class Workload:
             self.started.append(run)
             tasks.append(asyncio.create_task(self.one_run(run)))
             await asyncio.sleep(EVERY_S)
-        await asyncio.gather(*tasks)
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        self.failed = [(run, repr(out)[:200]) for run, out in zip(self.started, outcomes, strict=True)
+                       if isinstance(out, BaseException)]
 
 
 class Tally:
@@ -408,7 +412,7 @@ async def test_a_ledger_cut_from_postgresql_mid_batch_loses_and_repeats_nothing(
                 notes["answers during the cut slower than 5 s"] = sum(1 for e in slow if e > 5)
                 checker.check_requests(verdict, web.attempts, web.unfinished)
                 checker.check_give_backs(verdict, work.recorded, tally.despawned, tally.released)
-                checker.check_runs(verdict, work.started, consoles)
+                checker.check_runs(verdict, work.ended, consoles, work.failed)
                 checker.check_events(verdict, log, events)
                 notes["shard commands"] = web.commands
             finally:
