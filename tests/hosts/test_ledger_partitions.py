@@ -223,7 +223,7 @@ BATCH_WAITING = """
 docs/ledger.md, "Hot subjects and batches") waiting on a lock."""
 
 
-async def cut_mid_batch(hosts: Hosts, ledger_host: Host, pg_host: Host, url: str, window: Window,
+async def cut_mid_batch(hosts: Hosts, ledger_host: Host, pg_host: Host, url: str, nc: Client, window: Window,
                         notes: dict[str, object]) -> None:
     """Made to happen, not hoped for: the test's own session takes ``resources`` in SHARE mode
     (inserts and updates wait, reads go on) until one of ledger A's batch statements is seen
@@ -255,6 +255,7 @@ async def cut_mid_batch(hosts: Hosts, ledger_host: Host, pg_host: Host, url: str
                 ran = await _finished(conn, [r["pid"] for r in waiting], 5.0)
                 notes["committed on the server during the cut"] = ran
                 await asyncio.sleep(max(0.0, CUT_HELD_S - (time.monotonic() - window.cut_at)))
+                notes["events committed and not yet published just before the heal"] = await _unpublished(conn, nc)
             finally:
                 await asyncio.to_thread(hosts.heal, ledger_host)
                 window.healed_at = time.monotonic()
@@ -262,6 +263,17 @@ async def cut_mid_batch(hosts: Hosts, ledger_host: Host, pg_host: Host, url: str
         raise AssertionError("in 20 tries no batch of ledger A waited on the lock")
     finally:
         await conn.close()
+
+
+async def _unpublished(conn: asyncpg.Connection, nc: Client) -> int | str:
+    """Run-log entries carrying an event less the messages in ``LEDGER_EVENTS`` (the relay's
+    backlog, as far as the stream's leader knows)."""
+    committed = int(await conn.fetchval("SELECT count(*) FROM run_log WHERE run IS NOT NULL"))
+    try:
+        info = await harness.stream_info(nc, subjects.LEDGER_EVENTS_STREAM)
+    except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+        return repr(exc)
+    return committed - int((info.get("state") or {}).get("messages") or 0)
 
 
 async def _finished(conn: asyncpg.Connection, pids: list[int], timeout: float) -> bool:
@@ -377,7 +389,7 @@ async def test_a_ledger_cut_from_postgresql_mid_batch_loses_and_repeats_nothing(
                 await wait_for("5 runs ended before the cut", lambda: len(work.ended) >= 5 or producing.done(), 60)
                 notes["relay before the cut"] = await relay_on(url, named)
                 before = ledgers[0].log().count('"database unreachable"')
-                await cut_mid_batch(hosts, ledger_hosts[0], pg_host, url, window, notes)
+                await cut_mid_batch(hosts, ledger_hosts[0], pg_host, url, nc, window, notes)
                 notes["ledger A answered 503 (database unreachable)"] = (
                     ledgers[0].log().count('"database unreachable"') - before)
                 await asyncio.sleep(AFTER_HEAL_S)
