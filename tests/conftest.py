@@ -22,6 +22,7 @@ import asyncio
 import inspect
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import textwrap
@@ -271,6 +272,15 @@ def _cost_marker_guard(request: pytest.FixtureRequest) -> Iterator[None]:
         if node.get_closest_marker("integration") and not spawned:
             pytest.fail("marked integration for what its code calls, but started no server: "
                         "tests/conftest.py cost_of is wrong for it")
+
+
+# Ctrl-C as a terminal sends it. A run started in the background of a non-interactive shell
+# (`make test &`, a CI runner's job) inherits SIGINT ignored, and an ignored signal stays ignored
+# across exec: every process the tests start would ignore the Ctrl-C its test sends it, and
+# `shardbus up` would be killed stopping nothing (seen: four tests, -9, in such a run). A handled
+# signal is reset to its default at exec, so handling it here gives the children a terminal's.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # --- servers -----------------------------------------------------------------------------------

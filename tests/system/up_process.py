@@ -21,8 +21,8 @@ READY_WITHIN_S = 45
 
 STOP_WAIT_S = 2 * (STOP_TIMEOUT_S + 2.0 + 15.0 + 5.0)
 """How long ``shardbus up`` may take to stop after Ctrl-C: twice its own bound (the services'
-stop timeout, then PostgreSQL's 15 s, each kill's 5 s); 30 s was once too little on a loaded
-machine (load average 11 on 2 cores: three tests killed an ``up`` that was still stopping)."""
+stop timeout, then PostgreSQL's 15 s, each kill's 5 s), so a slow machine is not taken for a
+wedged stop."""
 
 
 def up_env() -> dict[str, str]:
