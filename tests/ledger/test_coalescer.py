@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
+import asyncpg
 import pytest
 
+from services.ledger.database.store import DatabaseUnavailable, is_unreachable
 from services.ledger.serving.coalescer import UNCHANGED, Coalescer
 
 
@@ -102,6 +104,47 @@ async def test_a_failed_batch_retries_each_request_alone_and_each_gets_its_own_a
     assert co.stats.failed_batches == 1 and co.stats.batched == 0
 
 
+async def test_a_batch_failed_for_everyone_answers_each_request_with_that_failure_at_once():
+    """The database away (``fails_all``): no request is retried alone, where each would wait for
+    a statement bound to fail the same way (docs/reliability.md, "PostgreSQL")."""
+    statements = Statements(batch_raises=True)
+    co = Coalescer("test", statements.many, statements.one, lambda n: (n,), 64,
+                   fails_all=lambda exc: isinstance(exc, RuntimeError))
+    results = await asyncio.gather(*(co.submit(n) for n in (1, 2, 3)), return_exceptions=True)
+    assert [str(r) for r in results] == ["the batch's statement failed"] * 3
+    assert statements.batches == [[1, 2, 3]] and statements.alone == []
+    assert co.stats.failed_batches == 1
+
+
+async def test_requests_waiting_behind_a_statement_failed_for_everyone_get_its_failure_too():
+    """More waiting than one batch takes: none waits for a second statement bound to fail."""
+    statements = Statements(batch_raises=True)
+    statements.gate = asyncio.Event()
+    co = Coalescer("test", statements.many, statements.one, lambda n: (n,), 2,
+                   fails_all=lambda exc: isinstance(exc, RuntimeError))
+    first = [asyncio.create_task(co.submit(n)) for n in (1, 2)]
+    await asyncio.sleep(0.01)  # the first batch is in flight, held at the gate
+    later = [asyncio.create_task(co.submit(n)) for n in range(3, 10)]
+    await asyncio.sleep(0.01)
+    assert co.waiting == 7
+    statements.gate.set()
+    results = await asyncio.gather(*first, *later, return_exceptions=True)
+    assert [str(r) for r in results] == ["the batch's statement failed"] * 9
+    assert statements.batches == [[1, 2]] and statements.alone == [] and co.waiting == 0
+
+
+async def test_a_lone_request_failed_for_everyone_fails_those_waiting_behind_it():
+    statements = Statements(one_raises=frozenset({1}))
+    co = Coalescer("test", statements.many, statements.one, lambda n: (n,), 64,
+                   fails_all=lambda exc: isinstance(exc, LookupError))
+    first = asyncio.create_task(co.submit(1))
+    await asyncio.sleep(0)  # dispatched alone; 2 and 3 arrive while it runs
+    later = [asyncio.create_task(co.submit(n)) for n in (2, 3)]
+    results = await asyncio.gather(first, *later, return_exceptions=True)
+    assert [str(r) for r in results] == ["no resource 1"] * 3
+    assert statements.alone == [1] and statements.batches == []
+
+
 async def test_requests_sharing_a_key_never_share_a_statement():
     statements = Statements()
     statements.gate = asyncio.Event()
@@ -134,3 +177,19 @@ async def test_a_cancelled_caller_is_left_out_of_the_next_statement():
 def test_limits_below_one_are_refused():
     with pytest.raises(ValueError, match="at least 1"):
         Coalescer("test", Statements().many, Statements().one, lambda n: (n,), 0)
+
+
+def _raised(cause: BaseException) -> DatabaseUnavailable:
+    try:
+        raise DatabaseUnavailable(cause) from cause
+    except DatabaseUnavailable as exc:
+        return exc
+
+
+def test_only_a_database_that_cannot_be_reached_fails_every_waiting_request():
+    """The hot subjects' ``fails_all``: a silent or unreachable server is everyone's failure; a
+    statement the server cancelled (a lock waited on too long) is that statement's alone."""
+    assert is_unreachable(_raised(TimeoutError()))
+    assert is_unreachable(_raised(ConnectionRefusedError()))
+    assert not is_unreachable(_raised(asyncpg.QueryCanceledError("canceling statement due to statement timeout")))
+    assert not is_unreachable(LookupError("no resource 3"))

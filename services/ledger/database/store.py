@@ -95,6 +95,21 @@ def is_outage(exc: BaseException | None) -> bool:
     return False
 
 
+def is_unreachable(exc: BaseException | None) -> bool:
+    """Whether ``exc`` says the database cannot be reached or does not answer at all, so that
+    every statement would fail the same way right now: an outage (:func:`is_outage`) other than
+    a cancelled statement (``57014``: the server answered, e.g. a statement that waited out
+    ``STATEMENT_TIMEOUT_S`` on another's row lock, which the next statement may not)."""
+    seen: set[int] = set()
+    link = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, asyncpg.QueryCanceledError) or str(getattr(link, "sqlstate", "") or "") == "57014":
+            return False
+        link = getattr(link, "orig", None) or link.__cause__
+    return is_outage(exc)
+
+
 class Database:
     """The ledger's connection pool. Statements are ``queries/``'s, with ``:name`` parameters."""
 

@@ -8,8 +8,13 @@ ledger is quiet, and under load one statement carries many changes (issue 15, AD
 The coalescer knows nothing of SQL: it is given two functions. ``run_batch`` applies a batch
 in one statement and says, per request, what it answered, or :data:`UNCHANGED` for a request
 the batch did not change (a replay, a conflict, an unknown id: the single-row path explains
-it). ``run_one`` is the single-row path. A batch that raises retries each of its requests alone,
-and requests that a batch must not hold together (two on one row, one target) are split by
+it). ``run_one`` is the single-row path. A batch that raises retries each of its requests alone
+(one bad request must not fail the others), unless ``fails_all`` says its failure is everyone's
+(the database away): then every request of the batch, and every one waiting for the next
+statement, gets that failure at once, rather than waiting in turn for statements bound to fail
+the same way. So while the database is away a request waits for one statement at most
+(docs/reliability.md, "PostgreSQL").
+Requests that a batch must not hold together (two on one row, one target) are split by
 ``key``: the later ones wait for the batch and then run alone. So every request is answered by
 exactly one committed statement, and each change still commits with its log entry."""
 
@@ -79,7 +84,8 @@ class Coalescer(Generic[Request, Result]):
 
     def __init__(self, name: str, run_batch: Callable[[Sequence[Request]], Awaitable[Sequence[Result | _Unchanged]]],
                  run_one: Callable[[Request], Awaitable[Result]], key: Callable[[Request], Sequence[Hashable]],
-                 batch_max: int, in_flight_max: int = 1) -> None:
+                 batch_max: int, in_flight_max: int = 1,
+                 fails_all: Callable[[BaseException], bool] = lambda exc: False) -> None:
         if batch_max < 1 or in_flight_max < 1:
             raise ValueError(f"batch_max and in_flight_max must be at least 1, not {batch_max} and {in_flight_max}")
         self.name = name
@@ -91,6 +97,7 @@ class Coalescer(Generic[Request, Result]):
         self._run_batch = run_batch
         self._run_one = run_one
         self._key = key
+        self._fails_all = fails_all
         self._waiting: list[_Waiting[Request, Result]] = []
         self._in_flight = 0
         self._scheduled = False
@@ -164,6 +171,9 @@ class Coalescer(Generic[Request, Result]):
                 raise RuntimeError(f"{self.name}: {len(results)} results for a batch of {len(batch)}")
         except Exception as exc:  # noqa: BLE001 - any failure: each request is retried alone
             self.stats.failed_batches += 1
+            if self._fails_all(exc):
+                self._fail_everyone(batch, exc)
+                return
             log.info("a batch failed; each of its requests is retried alone",
                      extra={"subject": self.name, "requests": len(batch), "reason": type(exc).__name__})
             for waiting in batch:
@@ -188,11 +198,22 @@ class Coalescer(Generic[Request, Result]):
         try:
             result = await self._run_one(waiting.request)
         except Exception as exc:  # noqa: BLE001 - the request's own failure is its answer
-            if not waiting.answer.done():
+            if self._fails_all(exc):
+                self._fail_everyone([waiting], exc)
+            elif not waiting.answer.done():
                 waiting.answer.set_exception(exc)
         else:
             if not waiting.answer.done():
                 waiting.answer.set_result(result)
+
+    def _fail_everyone(self, failed: list[_Waiting[Request, Result]], exc: Exception) -> None:
+        """``exc`` is every request's answer: those of the failed statement and all waiting."""
+        everyone, self._waiting = failed + self._waiting, []
+        log.info("a statement failed for every request; each waiting is answered with that failure",
+                 extra={"subject": self.name, "requests": len(everyone), "reason": type(exc).__name__})
+        for waiting in everyone:
+            if not waiting.answer.done():
+                waiting.answer.set_exception(exc)
 
     async def stop(self) -> None:
         """Wait for the statements in flight (a stopping ledger lets its requests finish)."""

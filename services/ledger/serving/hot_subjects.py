@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.ledger import resources, statuses, sweep
-from services.ledger.database.store import Change, Database, Json
+from services.ledger.database.store import Change, Database, Json, is_unreachable
 from services.ledger.serving import batches
 from services.ledger.serving.coalescer import Coalescer
 from services.ledger.statuses import Outcome
@@ -46,7 +46,8 @@ class HotActions:
     def __init__(self, db: Database, batching: Batching) -> None:
         def coalescer(name: str, run_batch: Callable[[Any], Awaitable[Any]], run_one: Callable[[Any], Awaitable[Any]],
                       key: Callable[[Any], tuple[Hashable, ...]]) -> Coalescer[Any, Answer]:
-            return Coalescer(name, run_batch, run_one, key, batching.batch_max, batching.in_flight_max)
+            return Coalescer(name, run_batch, run_one, key, batching.batch_max, batching.in_flight_max,
+                             fails_all=is_unreachable)
 
         def add(confirmed: bool) -> Coalescer[Any, Answer]:
             async def one(body: c.AddResource) -> Answer:
