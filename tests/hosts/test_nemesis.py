@@ -1,0 +1,72 @@
+"""Seeded faults on real hosts (docs/reliability.md, "Hosts"; issue 36), each while careful
+shards stream, then healed, each checked by the checker (``checker.py``): every acknowledged
+frame stored once and in its shard's order, nothing dead-lettered, nothing left unacknowledged.
+
+Every random choice — which node, when, how long — comes from the run's seed
+(``nemesis.py``): ``SHARDBUS_HOSTS_SEED=<n> make test-hosts`` replays a run; a failure prints
+the seed, the plan and every timed step.
+
+Needs root (``make test-hosts``); skipped with the reason elsewhere, failed instead when
+``SHARDBUS_REQUIRE_HOSTS=1``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.hosts.nemesis import NODE_NAMES, Schedule
+from tests.hosts.net import Host, why_not_available
+from tests.hosts.scene import Scene, acked, leader, run_scenario, wait_for
+
+REASON = why_not_available()
+if REASON is not None and os.environ.get("SHARDBUS_REQUIRE_HOSTS") == "1":
+    pytest.fail(f"SHARDBUS_REQUIRE_HOSTS=1 but {REASON}", pytrace=False)
+pytestmark = [pytest.mark.skipif(REASON is not None, reason=REASON or ""), pytest.mark.timeout(600)]
+
+RECOVERED = 300
+"""Frames acknowledged after a cut before it is held: the system has found its way around it."""
+
+
+def names(scene: Scene, hosts: list[Host]) -> str:
+    """The hosts by what runs on them (``nats-2``, ``the gateway``)."""
+    by_host = {n.host.name: n.name for n in scene.nodes} | {scene.gw_host.name: "the gateway"}
+    return ", ".join(by_host.get(h.name, h.name) for h in hosts)
+
+
+async def acknowledged_again(scene: Scene, before: int, timeout: float = 90.0) -> None:
+    """Precondition of a hold: frames acknowledged again (``RECOVERED`` more than ``before``)."""
+    assert scene.schedule is not None
+    await wait_for(f"{RECOVERED} more frames acknowledged", lambda: acked(scene.progress) > before + RECOVERED,
+                   timeout)
+    scene.schedule.step(f"frames acknowledged again ({acked(scene.progress) - before} since the cut)")
+
+
+async def test_a_nats_node_isolated_from_everything_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    """A node chosen by the seed — whether or not it leads ``SHARD_FRAMES`` (also chosen) or
+    is the gateway's — cut from the other two nodes and from the gateway while shards stream;
+    held until frames are acknowledged again, then for a seeded time; healed."""
+    schedule = Schedule("NATS node isolated")
+    leader_on = schedule.choice("frames stream led by", NODE_NAMES)
+    victim = schedule.choice("node isolated", NODE_NAMES)
+    after = schedule.seconds("cut after (s)", 0.0, 5.0)
+    held = schedule.seconds("held after recovery (s)", 5.0, 15.0)
+
+    async def nemesis(scene: Scene) -> None:
+        node = scene.node(victim)
+        others = [n.host for n in scene.nodes if n is not node] + [scene.gw_host]
+        await asyncio.sleep(after)
+        before = acked(scene.progress)
+        schedule.step(f"cut {victim} from {names(scene, others)} (the gateway on {scene.gw_node.name}, "
+                            f"frames stream led by {await leader(scene.nc)})")
+        scene.hosts.cut(node.host, others)
+        try:
+            await acknowledged_again(scene, before)
+            await asyncio.sleep(held)
+        finally:
+            scene.hosts.heal(node.host)
+            schedule.step(f"healed {victim}")
+
+    await run_scenario(tmp_path, "NATS node isolated", nemesis, schedule=schedule, leader_on=leader_on)
