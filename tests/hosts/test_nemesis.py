@@ -70,3 +70,47 @@ async def test_a_nats_node_isolated_from_everything_loses_and_repeats_nothing(tm
             schedule.step(f"healed {victim}")
 
     await run_scenario(tmp_path, "NATS node isolated", nemesis, schedule=schedule, leader_on=leader_on)
+
+
+async def watch_leader(scene: Scene, schedule: Schedule, seconds: float) -> list[str]:
+    """Hold for ``seconds``, recording each change of the frames stream's leader as a step (as
+    the test's connection sees it; "" when no leader answered). Returns the leaders seen."""
+    seen: list[str] = []
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while loop.time() < end:
+        now = await leader(scene.nc)
+        if not seen or now != seen[-1]:
+            seen.append(now)
+            schedule.step(f"frames stream led by {now or 'no node that answers'}")
+        await asyncio.sleep(max(0.0, min(1.0, end - loop.time())))
+    return seen
+
+
+async def test_a_bridge_between_two_halves_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    """The three nodes split so that the two ends each see only the middle node (chosen by the
+    seed): nats-a ↔ middle ↔ nats-b, the ends not seeing each other (NATS routes do not relay,
+    so each end misses the other's interest and raft votes). The gateway sees all three.
+    Held for a seeded time while the leader is watched; healed."""
+    schedule = Schedule("a bridge")
+    leader_on = schedule.choice("frames stream led by", NODE_NAMES)
+    middle = schedule.choice("middle node", NODE_NAMES)
+    after = schedule.seconds("cut after (s)", 0.0, 5.0)
+    held = schedule.seconds("held (s)", 10.0, 20.0)
+
+    async def nemesis(scene: Scene) -> None:
+        one, other = (n for n in scene.nodes if n.name != middle)
+        await asyncio.sleep(after)
+        before = acked(scene.progress)
+        schedule.step(f"cut {one.name} from {other.name}: only {middle} sees both (the gateway on "
+                      f"{scene.gw_node.name}, frames stream led by {await leader(scene.nc)})")
+        scene.hosts.cut(one.host, [other.host])
+        try:
+            await watch_leader(scene, schedule, held)
+        finally:
+            scene.hosts.heal(one.host)
+            during = acked(scene.progress) - before
+            schedule.step(f"healed ({during} frames acknowledged during the bridge)")
+            scene.notes["acknowledged during the bridge"] = during
+
+    await run_scenario(tmp_path, "a bridge", nemesis, schedule=schedule, leader_on=leader_on)
