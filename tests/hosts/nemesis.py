@@ -94,7 +94,8 @@ class Schedule:
         return f"SHARDBUS_HOSTS_SEED={self.seed} make test-hosts"
 
     def header(self) -> str:
-        plan = ", ".join(f"{k} {v}" for k, v in self.choices.items())
+        plan = ", ".join(f"{k} {'; '.join(map(str, v)) if isinstance(v, list) else v}"
+                         for k, v in self.choices.items())
         return f"hosts, {self.scenario}: seed {self.seed} ({self.replay()}); plan: {plan}"
 
     def describe(self) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.hosts import nemesis as nemesis_lib
 from tests.hosts.nemesis import NODE_NAMES, Schedule
 from tests.hosts.net import Host, why_not_available
 from tests.hosts.scene import Scene, acked, leader, run_scenario, wait_for
@@ -114,3 +115,91 @@ async def test_a_bridge_between_two_halves_loses_and_repeats_nothing(tmp_path: P
             scene.notes["acknowledged during the bridge"] = during
 
     await run_scenario(tmp_path, "a bridge", nemesis, schedule=schedule, leader_on=leader_on)
+
+
+async def test_a_pause_during_a_partition_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    """During a partition chosen by the seed (the frames stream's leader cut from its peers, the
+    gateway still reaching it; or a node cut from everything), a process chosen by the seed — a
+    NATS node or the gateway — is stopped (SIGSTOP) for a few seconds, continued (SIGCONT);
+    the partition is held a little longer, healed."""
+    schedule = Schedule("a pause during a partition")
+    leader_on = schedule.choice("frames stream led by", NODE_NAMES)
+    partition = schedule.choice("partition", ("the leader cut from its peers", "a node cut from everything"))
+    isolated = leader_on if partition.startswith("the leader") else schedule.choice("node isolated", NODE_NAMES)
+    paused = schedule.choice("process paused", (*NODE_NAMES, "gateway"))
+    after = schedule.seconds("cut after (s)", 0.0, 5.0)
+    pause_after = schedule.seconds("paused after the cut (s)", 1.0, 4.0)
+    pause_for = schedule.seconds("paused for (s)", 2.0, 8.0)
+    held = schedule.seconds("held after the pause (s)", 2.0, 6.0)
+
+    async def nemesis(scene: Scene) -> None:
+        node = scene.node(isolated)
+        others = [n.host for n in scene.nodes if n is not node]
+        if partition == "a node cut from everything":
+            others.append(scene.gw_host)
+        target = scene.gateway if paused == "gateway" else scene.node(paused).started
+        assert target is not None
+        await asyncio.sleep(after)
+        before = acked(scene.progress)
+        schedule.step(f"cut {isolated} from {names(scene, others)} (the gateway on {scene.gw_node.name}, "
+                      f"frames stream led by {await leader(scene.nc)})")
+        scene.hosts.cut(node.host, others)
+        try:
+            await asyncio.sleep(pause_after)
+            schedule.step(f"SIGSTOP {paused}")
+            nemesis_lib.pause(target)
+            try:
+                await asyncio.sleep(pause_for)
+            finally:
+                nemesis_lib.resume(target)
+                schedule.step(f"SIGCONT {paused}")
+            await asyncio.sleep(held)
+        finally:
+            scene.hosts.heal(node.host)
+            during = acked(scene.progress) - before
+            schedule.step(f"healed {isolated} ({during} frames acknowledged during the partition)")
+            scene.notes["acknowledged during the partition"] = during
+
+    await run_scenario(tmp_path, "a pause during a partition", nemesis, schedule=schedule, leader_on=leader_on)
+
+
+async def test_a_node_killed_and_restarted_during_a_partition_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    """During a partition (a node chosen by the seed cut from everything), a node chosen by the
+    seed — the isolated one or another, which leaves no majority until it is back — is killed
+    (SIGKILL: only what it synced survives), down for a few seconds, started again on its store;
+    once its monitoring port answers the partition is held a little longer, healed."""
+    schedule = Schedule("a kill during a partition")
+    leader_on = schedule.choice("frames stream led by", NODE_NAMES)
+    isolated = schedule.choice("node isolated", NODE_NAMES)
+    killed = schedule.choice("node killed", NODE_NAMES)
+    after = schedule.seconds("cut after (s)", 0.0, 5.0)
+    kill_after = schedule.seconds("killed after the cut (s)", 1.0, 4.0)
+    down_for = schedule.seconds("down for (s)", 2.0, 8.0)
+    held = schedule.seconds("held after the restart (s)", 2.0, 6.0)
+
+    async def nemesis(scene: Scene) -> None:
+        assert scene.processes is not None
+        node, victim = scene.node(isolated), scene.node(killed)
+        others = [n.host for n in scene.nodes if n is not node] + [scene.gw_host]
+        await asyncio.sleep(after)
+        before = acked(scene.progress)
+        schedule.step(f"cut {isolated} from {names(scene, others)} (the gateway on {scene.gw_node.name}, "
+                      f"frames stream led by {await leader(scene.nc)})")
+        scene.hosts.cut(node.host, others)
+        try:
+            await asyncio.sleep(kill_after)
+            code = nemesis_lib.kill(victim.started)
+            schedule.step(f"SIGKILL {killed} (exit {code})")
+            await asyncio.sleep(down_for)
+            nemesis_lib.restart_node(scene.processes, victim)
+            schedule.step(f"{killed} started again")
+            await wait_for(f"{killed} answers on its monitoring port", lambda: nemesis_lib.up(victim), 60)
+            schedule.step(f"{killed} answers")
+            await asyncio.sleep(held)
+        finally:
+            scene.hosts.heal(node.host)
+            during = acked(scene.progress) - before
+            schedule.step(f"healed {isolated} ({during} frames acknowledged during the partition)")
+            scene.notes["acknowledged during the partition"] = during
+
+    await run_scenario(tmp_path, "a kill during a partition", nemesis, schedule=schedule, leader_on=leader_on)
