@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,8 @@ import pytest
 from tests.hosts import nemesis as nemesis_lib
 from tests.hosts.nemesis import NODE_NAMES, Schedule
 from tests.hosts.net import Host, why_not_available
-from tests.hosts.scene import Scene, acked, leader, run_scenario, wait_for
+from tests.hosts.proxy import Proxied
+from tests.hosts.scene import SECONDS, Scene, acked, leader, run_scenario, wait_for
 
 REASON = why_not_available()
 if REASON is not None and os.environ.get("SHARDBUS_REQUIRE_HOSTS") == "1":
@@ -203,3 +205,86 @@ async def test_a_node_killed_and_restarted_during_a_partition_loses_and_repeats_
             scene.notes["acknowledged during the partition"] = during
 
     await run_scenario(tmp_path, "a kill during a partition", nemesis, schedule=schedule, leader_on=leader_on)
+
+
+@dataclass
+class Fault:
+    """One fault of a lossy link: at ``at_s`` (after frames flow), on ``link``."""
+
+    at_s: float
+    link: str
+    kind: str
+    """"delay" (every chunk held ``delay_s``, both ways, for ``lasting_s``), "stall" (nothing
+    passed on for ``lasting_s``) or "drop" (every connection reset)."""
+    delay_s: float = 0.0
+    lasting_s: float = 0.0
+
+    def __str__(self) -> str:
+        what = {"delay": f"delay {self.delay_s * 1000:.0f} ms for {self.lasting_s} s",
+                "stall": f"stall {self.lasting_s} s", "drop": "drop every connection"}[self.kind]
+        return f"at {self.at_s} s, {self.link}: {what}"
+
+
+def plan_faults(schedule: Schedule, links: list[str]) -> list[Fault]:
+    """4-7 faults over the shards' 30 s, drawn in turn from the seed's generator; the plan
+    records them in time order."""
+    rng, faults = schedule.rng, []
+    for _ in range(rng.randint(4, 7)):
+        fault = Fault(round(rng.uniform(0.0, SECONDS - 5.0), 1), rng.choice(links),
+                      rng.choice(("delay", "stall", "drop")))
+        if fault.kind == "delay":
+            fault.delay_s = rng.randint(5, 250) / 1000
+            fault.lasting_s = round(rng.uniform(2.0, 8.0), 1)
+        elif fault.kind == "stall":
+            fault.lasting_s = round(rng.uniform(1.0, 8.0), 1)
+        faults.append(fault)
+    faults.sort(key=lambda f: f.at_s)
+    schedule.choices["faults"] = [str(f) for f in faults]
+    return faults
+
+
+@pytest.mark.timeout(900)
+async def test_a_lossy_link_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    """A userspace TCP proxy (``proxy.py``; the kernel has no netem) on the gateway's links to
+    the NATS nodes and/or on the shards' link to the gateway (the seed chooses), which at seeded
+    moments adds delay, stalls for a few seconds or resets every connection; then calm. The
+    careful shards must lose nothing: every frame they were acknowledged is stored once."""
+    schedule = Schedule("a lossy link")
+    placement = schedule.choice("proxied", (Proxied.NATS, Proxied.SHARDS, "both"))
+    wiring = Proxied(nats=placement in (Proxied.NATS, "both"), shards=placement in (Proxied.SHARDS, "both"))
+    faults = plan_faults(schedule, [Proxied.NATS, Proxied.SHARDS] if placement == "both" else [placement])
+
+    async def nemesis(scene: Scene) -> None:
+        proxy = wiring.proxy
+        assert proxy is not None
+        for what in wiring.links():
+            await wait_for(f"a connection open through {what}", lambda w=what: wiring.open(w) > 0, 30)  # type: ignore[misc]
+        schedule.step(f"connections through the proxies: { {w: wiring.open(w) for w in wiring.links()} }")
+
+        async def act(fault: Fault) -> None:
+            await asyncio.sleep(fault.at_s)
+            names_ = wiring.each(fault.link)
+            if fault.kind == "drop":
+                dropped = sum(proxy.drop(name) for name in names_)
+                schedule.step(f"{fault.link}: reset {dropped} connections")
+            elif fault.kind == "stall":
+                for name in names_:
+                    proxy.stall(name, fault.lasting_s)
+                schedule.step(f"{fault.link}: stalled for {fault.lasting_s} s")
+            else:
+                for name in names_:
+                    proxy.delay(name, fault.delay_s)
+                schedule.step(f"{fault.link}: {fault.delay_s * 1000:.0f} ms delay for {fault.lasting_s} s")
+                await asyncio.sleep(fault.lasting_s)
+                for name in names_:
+                    proxy.delay(name, 0.0)
+                schedule.step(f"{fault.link}: delay over")
+
+        try:
+            await asyncio.gather(*(act(f) for f in faults))
+        finally:
+            for name in proxy.links:
+                proxy.calm(name)
+            schedule.step("calm: no delay, no stall")
+
+    await run_scenario(tmp_path, "a lossy link", nemesis, schedule=schedule, wiring=wiring)
