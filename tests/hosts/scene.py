@@ -210,6 +210,8 @@ async def run_scenario(tmp_path: Path, name: str, nemesis: Nemesis, *, schedule:
                     letters = await harness.read_through_leader(nc, subjects.DEADLETTER_STREAM)
                     stored = seqs_by_shard(frames, "frame")
                     dead = seqs_by_shard(letters, "deadletter")
+                    # What the checker was given, kept with the run: a violation's evidence.
+                    (tmp_path / "stored.json").write_text(json.dumps({"frames": stored, "deadletters": dead}))
                     verdict = check(history, stored, dead)
                     notes["stream per node at the read"] = stream_per_node(nodes)
                     try:
