@@ -47,6 +47,7 @@ async def acknowledged_again(scene: Scene, before: int, timeout: float = 90.0) -
     scene.schedule.step(f"frames acknowledged again ({acked(scene.progress) - before} since the cut)")
 
 
+@pytest.mark.hosts_short
 async def test_a_nats_node_isolated_from_everything_loses_and_repeats_nothing(tmp_path: Path) -> None:
     """A node chosen by the seed — whether or not it leads ``SHARD_FRAMES`` (also chosen) or
     is the gateway's — cut from the other two nodes and from the gateway while shards stream;
@@ -165,6 +166,7 @@ async def test_a_pause_during_a_partition_loses_and_repeats_nothing(tmp_path: Pa
     await run_scenario(tmp_path, "a pause during a partition", nemesis, schedule=schedule, leader_on=leader_on)
 
 
+@pytest.mark.hosts_short
 async def test_a_node_killed_and_restarted_during_a_partition_loses_and_repeats_nothing(tmp_path: Path) -> None:
     """During a partition (a node chosen by the seed cut from everything), a node chosen by the
     seed — the isolated one or another, which leaves no majority until it is back — is killed
@@ -243,6 +245,7 @@ def plan_faults(schedule: Schedule, links: list[str]) -> list[Fault]:
     return faults
 
 
+@pytest.mark.hosts_short
 @pytest.mark.timeout(900)
 async def test_a_lossy_link_loses_and_repeats_nothing(tmp_path: Path) -> None:
     """A userspace TCP proxy (``proxy.py``; the kernel has no netem) on the gateway's links to

@@ -85,6 +85,7 @@ async def cut_the_gateway_from_its_node(scene: Scene) -> None:
         scene.hosts.heal(scene.gw_host)
 
 
+@pytest.mark.hosts_short
 async def test_the_frames_streams_leader_cut_off_from_its_peers_loses_and_repeats_nothing(tmp_path: Path) -> None:
     await run_scenario(tmp_path, "stream leader isolated", isolate_the_leader)
 
