@@ -170,6 +170,14 @@ async def run_scenario(tmp_path: Path, name: str, nemesis: Nemesis, *, schedule:
                 nats_hosts = [hosts.add(f"nats{i}") for i in (1, 2, 3)]
                 gw_host, shard_host = hosts.add("gw"), hosts.add("shards")
                 nodes = harness.start_cluster(processes, nats_hosts, tmp_path)
+                # Precondition of the gateway's start (it creates its streams and buckets, R3, and
+                # exits when JetStream refuses): the meta group settled, seen twice 1 s apart.
+                # Once, nodes that had just agreed on a meta leader lost it 2 s later and the
+                # gateway exited on "no suitable peers for placement, peer offline" (seed 65440).
+                for _ in range(2):
+                    await wait_for("every node names one meta leader, whose peers are all current",
+                                   lambda: meta_settled(nodes), 60)
+                    await asyncio.sleep(1.0)
                 wiring.start(hosts, nodes, gw_host)
                 gateway = harness.start_gateway(processes, gw_host, nodes, tmp_path, **{
                     "log_level": "DEBUG", "nats_url": ",".join(wiring.gateway_urls(nodes)), **gateway_settings})
@@ -254,6 +262,22 @@ async def run_scenario(tmp_path: Path, name: str, nemesis: Nemesis, *, schedule:
         failure += f"\n{schedule.describe()}"
     assert not verdict.violations, failure
     assert verdict.sent >= SHARDS * RATE * SECONDS * 0.9, failure
+
+
+def meta_settled(nodes: list[harness.Node]) -> bool:
+    """Every node names the same JetStream meta leader, and the leader reports every other node
+    as a current peer (its ``/jsz``)."""
+    try:
+        metas = [node.monitor("jsz").get("meta_cluster") or {} for node in nodes]
+    except (OSError, ValueError):
+        return False
+    leaders = {meta.get("leader") or "" for meta in metas}
+    if len(leaders) != 1 or "" in leaders:
+        return False
+    (name,) = leaders
+    led = next((meta for node, meta in zip(nodes, metas, strict=True) if node.name == name), None)
+    peers = (led or {}).get("replicas") or []
+    return len(peers) == len(nodes) - 1 and all(peer.get("current") for peer in peers)
 
 
 async def read_settled(nc: Client, nodes: list[harness.Node], stream: str, notes: dict[str, object],
