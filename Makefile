@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 LOCAL_NATS_URL ?= nats://127.0.0.1:4222
 LOCAL_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
-.PHONY: lock up test test-unit test-integration test-system test-local-servers test-faults test-hosts test-model test-link-model test-schemathesis bench fault-runs soak docs clean browser promtool npm-tools lint engine images test-compose
+.PHONY: lock up test test-unit test-integration test-system test-local-servers test-faults test-hosts tcpdump test-model test-link-model test-schemathesis bench fault-runs soak docs clean browser promtool npm-tools lint engine images test-compose tls-certs
 
 # Every package comes from requirements.lock, exact versions with their hashes (a release that
 # changed under a version, or a package nothing asked for, is refused); the project itself is
@@ -81,8 +81,9 @@ promtool:
 # podman through its Docker API) and debootstrap when one is missing (root: apt-get, about 50 s),
 # and fails when it cannot. `make images` builds the stand-ins for the images Docker Hub would
 # give (deploy/images/build.sh: about 2.5 min the first time, seconds after). `make test-compose`
-# runs the compose tests with SHARDBUS_REQUIRE_COMPOSE=1: a missing engine or image fails them,
-# never skips. `make test` leaves them out and needs no engine.
+# runs the compose tests (the TLS files' too: tests/deploy/test_compose_tls.py) with
+# SHARDBUS_REQUIRE_COMPOSE=1: a missing engine or image fails them, never skips. `make test`
+# leaves them out and needs no engine.
 engine:
 	@for tool in podman runc docker-compose debootstrap; do command -v $$tool >/dev/null || missing=1; done; \
 	if [ -n "$$missing" ]; then echo "== installing Debian's podman, runc, docker-compose and debootstrap (compose tests)"; \
@@ -92,7 +93,15 @@ engine:
 images: engine
 	deploy/images/build.sh
 test-compose: $(STAMP) images
-	$(NO_STACK) SHARDBUS_REQUIRE_COMPOSE=1 $(PY) -m pytest -p no:randomly -m needs_engine tests/deploy/test_compose_up.py
+	$(NO_STACK) SHARDBUS_REQUIRE_COMPOSE=1 $(PY) -m pytest -p no:randomly -m needs_engine \
+		tests/deploy/test_compose_up.py tests/deploy/test_compose_tls.py
+
+# A trial's TLS certificates for compose.tls.yaml and compose.cluster-tls.yaml in TLS_DIR (./tls,
+# the directory they mount): a CA made for the occasion, its key thrown away once they are signed
+# (deploy/tls-certs.sh; docs/security.md, "TLS"). Production uses the operator's own CA.
+TLS_DIR ?= tls
+tls-certs:
+	deploy/tls-certs.sh $(TLS_DIR)
 
 # The AsyncAPI documents' check (tests/system/test_asyncapi_parser.py) runs the official AsyncAPI
 # parser, an npm package: this installs tests/npm's exact versions (package-lock.json) into
@@ -148,8 +157,16 @@ test-faults: $(STAMP)
 # Services and a 3-node NATS cluster on hosts made of network namespaces, partitioned with
 # iptables (tests/hosts, docs/reliability.md, "Hosts"). Needs root; elsewhere it is skipped with
 # the reason, unless SHARDBUS_REQUIRE_HOSTS=1 (then it fails). One process: the scenarios
-# take the machine's network setup for themselves.
-test-hosts: $(STAMP)
+# take the machine's network setup for themselves. The capture test (tests/hosts/test_capture.py,
+# docs/security.md, "TLS") records the hosts' traffic with Debian's tcpdump: `make tcpdump`
+# installs it when missing (root: apt-get, a few seconds) and fails when it cannot; as root a
+# missing tcpdump fails the test, never skips it.
+TCPDUMP ?= /usr/bin/tcpdump
+tcpdump:
+	@test -x $(TCPDUMP) || [ "$$(id -u)" != 0 ] || { echo "== installing Debian's tcpdump (tests/hosts/test_capture.py)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -o DPkg::Lock::Timeout=300 -y -qq --no-install-recommends tcpdump >/dev/null; }
+	@test -x $(TCPDUMP) || [ "$$(id -u)" != 0 ] || { echo "no tcpdump at $(TCPDUMP): apt-get install tcpdump" >&2; exit 1; }
+test-hosts: $(STAMP) tcpdump
 	$(NO_STACK) $(PY) -m pytest -m hosts tests/hosts -s -p no:randomly
 
 # The ledger's whole history against its reference model (tests/model), long: MODEL_EXAMPLES

@@ -74,12 +74,26 @@ def _shards(answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(shards, key=lambda s: str(s.get("shard")))
 
 
+def _replication(cluster: Any) -> dict[str, Any]:
+    """A clustered stream's leader and its other replicas as the leader sees them, with those
+    ``behind``: not current, offline, or lagging (docs/operations.md, "Replicas behind"). A
+    replica left behind after a partition heals holds a short history: a reader placed there
+    sees fewer messages, and should the leader fail now, what it lacks could be lost."""
+    if cluster is None or not cluster.replicas:
+        return {"leader": getattr(cluster, "leader", None), "replicas": [], "behind": []}
+    replicas = [{"name": peer.name, "current": bool(peer.current), "offline": bool(peer.offline),
+                 "lag": peer.lag or 0, "activeS": round((peer.active or 0) / 1e9, 3)}
+                for peer in cluster.replicas]
+    behind = [r for r in replicas if not r["current"] or r["offline"] or r["lag"] > 0]
+    return {"leader": cluster.leader, "replicas": replicas, "behind": behind}
+
+
 async def _streams(nc: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(streams, buckets): each with its messages and bytes."""
+    """(streams, buckets): each with its messages, bytes and replicas."""
     streams, buckets = [], []
     for info in await nc.jetstream().streams_info():
         row = {"name": info.config.name, "messages": info.state.messages, "bytes": info.state.bytes,
-               "consumers": info.state.consumer_count}
+               "consumers": info.state.consumer_count, **_replication(info.cluster)}
         if info.config.name.startswith("KV_"):
             buckets.append({**row, "name": info.config.name[3:]})
         else:
@@ -253,6 +267,7 @@ def render(status: dict[str, Any]) -> str:
                     [[s["name"], s["messages"], s["bytes"], " ".join(s["subjects"])] for s in status["streams"]])
     lines += ["", "BUCKETS"]
     lines += _table(["bucket", "entries", "bytes"], [[b["name"], b["messages"], b["bytes"]] for b in status["buckets"]])
+    lines += _behind(status["streams"] + status["buckets"])
     lines += ["", f"RUNS WITH CLEANUP INCOMPLETE ({len(status['incompleteRuns'])})"]
     lines += _table(["run", "shard", "event", "status", "ended"],
                     [[r.get("runId"), r.get("shard"), r.get("event"), r.get("status"), r.get("endedAt")]
@@ -281,6 +296,17 @@ def render(status: dict[str, Any]) -> str:
     if status["errors"]:
         lines += ["", "COULD NOT READ"] + [f"  {error}" for error in status["errors"]]
     return "\n".join(lines)
+
+
+def _behind(streams: list[dict[str, Any]]) -> list[str]:
+    """The replicas not caught up with their leader, if any (docs/operations.md, "Replicas behind")."""
+    rows = [[s["name"], r["name"], s.get("leader") or "-", r["lag"], "offline" if r["offline"] else
+             ("current" if r["current"] else "catching up"), _seconds(r["activeS"])]
+            for s in streams for r in s.get("behind", [])]
+    if not rows:
+        return []
+    table = _table(["stream", "replica", "leader", "lag (entries)", "state", "last heard"], rows)
+    return ["", f"!! REPLICAS BEHIND THEIR LEADER ({len(rows)}; a reader there sees a short history)", *table]
 
 
 # --- the command -------------------------------------------------------------------------

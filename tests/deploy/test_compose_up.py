@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import threading
@@ -351,11 +352,12 @@ class Shards:
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, port: int, shard: str) -> None:
+    def start(self, port: int, shard: str, *options: str) -> None:
+        """``options``: more of shard-sim's, e.g. ``--tls-ca FILE`` (tests/deploy/test_compose_tls.py)."""
         env = {**os.environ, "SHARDBUS_SHARD_TOKEN": TOKENS["SHARD_TOKEN"]}
         self.procs.append(subprocess.Popen(
             [str(Path(sys.executable).with_name("shardbus")), "shard-sim", "--addr", f"127.0.0.1:{port}",
-             "--shard", shard], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+             "--shard", shard, *options], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -384,17 +386,18 @@ def _wait_for_shards(stack: Stack, per_replica: int, timeout: float = 120) -> di
         time.sleep(2)
 
 
-def _command(stack: Stack, shard: str, timeout: float = 120) -> int:
+def _command(stack: Stack, shard: str, timeout: float = 120, tls: ssl.SSLContext | None = None) -> int:
     """A command through the web door's host port (replica 1) to ``shard``: its HTTP status,
     asked again while the door answers 503 or 504 (no gateway holds the shard yet, nobody
-    answered: docs/web.md), as a website would, until ``timeout``."""
+    answered: docs/web.md), as a website would, until ``timeout``. With ``tls``, over HTTPS
+    verified with that context."""
     port = stack.host_port("web", 1, 8080)
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/shards/{shard}/items",
+    request = urllib.request.Request(f"{'https' if tls else 'http'}://127.0.0.1:{port}/shards/{shard}/items",
                                      headers={"Authorization": "Bearer " + TOKENS["WEB_TOKEN"]})
     deadline = time.monotonic() + timeout
     while True:
         try:
-            with urllib.request.urlopen(request, timeout=30) as answer:
+            with urllib.request.urlopen(request, timeout=30, context=tls) as answer:
                 return int(answer.status)
         except urllib.error.HTTPError as error:
             body = error.read().decode(errors="replace")[:500]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -232,7 +231,7 @@ async def run_scenario(tmp_path: Path, name: str, nemesis: Nemesis, *, schedule:
             finally:
                 processes.stop_all()
                 wiring.stop()
-                kept = keep(tmp_path, name)
+                kept = harness.keep(tmp_path, name)
                 if schedule is not None:
                     schedule.write(kept)
     except BaseException:
@@ -326,19 +325,6 @@ def caught_up(nodes: list[harness.Node]) -> bool:
     seen = stream_per_node(nodes)
     views = {json.dumps(view, sort_keys=True) for view in seen.values()}
     return len(seen) == len(nodes) and len(views) == 1 and all(isinstance(v, dict) for v in seen.values())
-
-
-def keep(workdir: Path, name: str) -> Path:
-    """The run's logs and history, kept where pytest's rotation of temporary directories (shared
-    with every other run on the machine) cannot take them: ``SHARDBUS_HOSTS_OUT``, else
-    ``.hosts-runs/`` in the checkout."""
-    root = Path(os.environ.get("SHARDBUS_HOSTS_OUT") or Path(__file__).resolve().parents[2] / ".hosts-runs")
-    target = root / f"{time.strftime('%Y%m%dT%H%M%S')}-{name.replace(' ', '-')}"
-    target.mkdir(parents=True, exist_ok=True)
-    for path in workdir.iterdir():
-        if path.is_file() and path.suffix in {".log", ".json"}:
-            shutil.copy2(path, target / path.name)
-    return target
 
 
 async def other_leader(nc: Client, old: str) -> bool:

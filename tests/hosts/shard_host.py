@@ -5,7 +5,8 @@ shard may rely on"). Each sends ``--rate`` frames a second for ``--seconds``, th
 are acknowledged (at most ``--drain-seconds``), and writes its history as JSON to ``--out``:
 per shard every ``seq`` sent, every ``frame.ack`` received (in order) and what is still
 unacknowledged. ``--progress`` is rewritten twice a second with the acknowledgements so far, so
-the test can wait for frames to flow before it cuts a link.
+the test can wait for frames to flow before it cuts a link. With ``--tls-ca`` every shard dials
+TLS, verifying the gateway's certificate (and its address) against that CA (docs/gateway.md, "TLS").
 
     python -m tests.hosts.shard_host --gateway 10.231.7.14:2593 --token T --shards 3 --out h.json
 """
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shared.tls import client_context_or_none
 from simulator.shard import ShardSimulator
 
 KIND = "hosts.tick"
@@ -87,7 +89,8 @@ async def write_progress(path: Path, sims: list[RecordingShard]) -> None:
 
 async def main(args: argparse.Namespace) -> None:
     host, port = args.gateway.rsplit(":", 1)
-    sims = [RecordingShard(host, int(port), f"{args.prefix}{i}", args.token, sequenced=True)
+    tls = client_context_or_none(args.tls_ca)
+    sims = [RecordingShard(host, int(port), f"{args.prefix}{i}", args.token, sequenced=True, tls=tls)
             for i in range(args.shards)]
     progress = asyncio.create_task(write_progress(Path(args.progress), sims)) if args.progress else None
     started = time.time()
@@ -113,6 +116,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--drain-seconds", type=float, default=120.0)
     parser.add_argument("--out", required=True)
     parser.add_argument("--progress", default="")
+    parser.add_argument("--tls-ca", default="", help="dial TLS, verifying the gateway with this CA file (PEM)")
     return parser.parse_args(argv)
 
 

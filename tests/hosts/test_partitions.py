@@ -29,7 +29,6 @@ from tests.hosts.scene import (  # noqa: F401
     Scene,
     caught_up,
     flowing,
-    keep,
     leader,
     other_leader,
     progress,

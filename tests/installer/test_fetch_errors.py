@@ -113,11 +113,14 @@ async def test_a_manifest_declaring_an_oversized_artifact_is_refused_before_down
 
 def test_a_host_that_does_not_answer_in_time_is_a_502(releases, ca_file, unique):
     url = releases.serve(f"/{unique}/slow.json", b"{}")
-    releases.routes[f"/{unique}/slow.json"].delay_s = 1.0
-    fetcher = Fetcher(["127.0.0.1"], ca_file=str(ca_file[0]), timeout_s=0.2, attempts=2, retry_wait_s=0.01)
+    releases.routes[f"/{unique}/slow.json"].delay_s = 3.0
+    # A deadline the TLS handshake and the request fit in with room to spare on a loaded machine
+    # (with 0.2 s a try could end before the server had read its request: one hit, not two).
+    fetcher = Fetcher(["127.0.0.1"], ca_file=str(ca_file[0]), timeout_s=1.0, attempts=2, retry_wait_s=0.01)
     with pytest.raises(Refused) as refused:
         fetcher.fetch_manifest(url, 4096)
     assert refused.value.status == 502 and "timed out" in refused.value.sentence
+    assert "after 2 attempts" in refused.value.sentence
     assert releases.hits[f"/{unique}/slow.json"] == 2
 
 

@@ -14,8 +14,15 @@ from pathlib import Path
 
 import psutil
 
+from shardbus.process_stop import STOP_TIMEOUT_S
+
 READY_WITHIN_S = 45
 """How long ``shardbus up`` may take to print its ready line."""
+
+STOP_WAIT_S = 2 * (STOP_TIMEOUT_S + 2.0 + 15.0 + 5.0)
+"""How long ``shardbus up`` may take to stop after Ctrl-C: twice its own bound (the services'
+stop timeout, then PostgreSQL's 15 s, each kill's 5 s); 30 s was once too little on a loaded
+machine (load average 11 on 2 cores: three tests killed an ``up`` that was still stopping)."""
 
 
 def up_env() -> dict[str, str]:
@@ -78,7 +85,9 @@ def stop_up(proc: subprocess.Popen, *, group: bool = False) -> list[psutil.Proce
     else:
         proc.send_signal(signal.SIGINT)
     try:
-        proc.wait(30)
+        # Beyond up's own bound (services STOP_TIMEOUT_S + 2 s, then the servers at once, each
+        # killed after 15 s at most): more than that is a wedged stop, not a slow machine.
+        proc.wait(STOP_WAIT_S)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(5)
