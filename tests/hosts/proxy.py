@@ -140,7 +140,9 @@ class Proxy:
 
     def stall(self, name: str, seconds: float) -> None:
         link = self.links[name]
-        self.loop.call_soon_threadsafe(lambda: setattr(link, "stalled_until", self.loop.time() + seconds))
+        # Overlapping stalls: the later end holds.
+        self.loop.call_soon_threadsafe(
+            lambda: setattr(link, "stalled_until", max(link.stalled_until, self.loop.time() + seconds)))
 
     def drop(self, name: str) -> int:
         """Reset every open connection of the link; how many there were."""
