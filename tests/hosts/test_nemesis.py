@@ -64,7 +64,7 @@ async def test_a_nats_node_isolated_from_everything_loses_and_repeats_nothing(tm
         await asyncio.sleep(after)
         before = acked(scene.progress)
         schedule.step(f"cut {victim} from {names(scene, others)} (the gateway on {scene.gw_node.name}, "
-                            f"frames stream led by {await leader(scene.nc)})")
+                      f"frames stream led by {await leader(scene.nc)})")
         scene.hosts.cut(node.host, others)
         try:
             await acknowledged_again(scene, before)
