@@ -186,6 +186,14 @@ test-link-model: $(STAMP)
 	$(NO_STACK) SHARDBUS_LINK_MODEL_EXAMPLES=$(LINK_MODEL_EXAMPLES) $(PY) -m pytest \
 		tests/gateway/test_shard_link_model.py -s -p no:cacheprovider --timeout=0
 
+# The hosts scenarios' short form, for CI (docs/reliability.md, "Hosts", "The short form"): the
+# few marked `hosts_short` (a partition, a node isolated, a kill during a partition, a lossy
+# link), about 3 minutes on 2 cores, under 10. A fresh seed each run, printed with every
+# scenario: SHARDBUS_HOSTS_SEED=<n> make test-hosts-short replays one.
+.PHONY: test-hosts-short
+test-hosts-short: $(STAMP)
+	$(NO_STACK) $(PY) -m pytest -m "hosts and hosts_short" tests/hosts -s -p no:randomly
+
 # Schemathesis against a door on a real stack (tests/web/test_schemathesis.py, docs/web.md, "The
 # OpenAPI document"), longer: SCHEMATHESIS_EXAMPLES examples per operation and phase (`make test`
 # runs 5), both tokens.

@@ -20,9 +20,10 @@ class Verdict:
     stored: int = 0
     resent_deduplicated: int = 0
 
-    def add(self, shard: str, what: str, seqs: list[int]) -> None:
+    def add(self, shard: str, what: str, seqs: list[int], described: list[str] | None = None) -> None:
         if seqs:
-            shown = ", ".join(str(s) for s in seqs[:5]) + (" …" if len(seqs) > 5 else "")
+            each = described or [str(s) for s in seqs]
+            shown = ", ".join(each[:5]) + (" …" if len(seqs) > 5 else "")
             self.violations.append(f"{shard}: {what}: {len(seqs)} ({shown})")
 
     def summary(self) -> str:
@@ -50,8 +51,9 @@ def check(history: dict[str, Any], stored: dict[str, list[int]], dead_letters: d
         counts = Counter(got)
         verdict.add(shard, "acknowledged but not in SHARD_FRAMES", sorted(set(acks) - set(counts)))
         verdict.add(shard, "stored more than once", sorted(s for s, n in counts.items() if n > 1))
-        verdict.add(shard, "stored out of the shard's order",
-                    [b for a, b in pairwise(got) if b <= a])
+        # Each one shown with the seq stored just before it (its shard's), to find the pair.
+        verdict.add(shard, "stored out of the shard's order", [b for a, b in pairwise(got) if b <= a],
+                    [f"{b} after {a}" for a, b in pairwise(got) if b <= a])
         verdict.add(shard, "stored but never sent", sorted(set(counts) - set(sent)))
         verdict.add(shard, "left unacknowledged after the heal", sorted(unacked))
         verdict.add(shard, "dead-lettered (given up on)", dead_letters.get(shard, []))

@@ -5,7 +5,8 @@ of its own in a private /24), and iptables rules inside a host's namespace to cu
 Everything is named ``sbh<pid>…`` after the test process that made it, so a run that was killed
 leaves names whose pid is dead: :func:`remove_stale` takes those away at the next start. Rules
 live in their host's namespace and go with it. Needs root (``ip netns``, iptables); the kernel
-here has no ``netem``, so delay would need a userspace TCP proxy (not used yet)."""
+here has no ``netem``: delay, stalls and dropped connections are made by a userspace TCP
+proxy (``proxy.py``)."""
 
 from __future__ import annotations
 
@@ -149,6 +150,14 @@ class Hosts:
             sh(*host.argv([IPTABLES, "-A", "INPUT", "-s", other.address, "-j", "DROP"]))
             sh(*host.argv([IPTABLES, "-A", "OUTPUT", "-d", other.address, "-j", "DROP"]))
             host.cut_from.add(other.name)
+
+    def refuse(self, host: Host, others: list[Host], port: int) -> None:
+        """Refuse ``host``'s connections to ``port`` on each of ``others`` with a TCP reset
+        (iptables in ``host``'s namespace, removed by :meth:`heal`): it reaches them there only
+        through a proxy (``proxy.py``), whatever addresses it learns."""
+        for other in others:
+            sh(*host.argv([IPTABLES, "-A", "OUTPUT", "-p", "tcp", "-d", other.address, "--dport", str(port),
+                           "-j", "REJECT", "--reject-with", "tcp-reset"]))
 
     def heal(self, host: Host) -> None:
         """Remove every rule of ``host``: its links are whole again."""
