@@ -55,6 +55,10 @@ def collector(gateway: Callable[[], Gateway | None]) -> Callable[[], Iterator[Me
                                       "once (a timeout, no responders, 409 \"in process\", a refusal).",
                                       value=sum(pub.retries for pub in publishers))
         yield resends
+        yield CounterMetricFamily(f"{NAME}frames_stored_out_of_order", "Frames JetStream stored only after a later "
+                                  "frame of their shard (a leader change dropped them in flight; docs/gateway.md, "
+                                  "\"What a shard may rely on\").",
+                                  value=sum(pub.stored_out_of_order for pub in publishers))
         yield _gauge("unread_bytes", "Bytes written to shards and not yet taken by them.",
                      sum(link.unsent_bytes() for link in links.values() if not link.closed))
         now = time.time()

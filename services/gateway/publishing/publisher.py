@@ -20,6 +20,7 @@ from collections.abc import Callable
 import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
+from nats.js.api import PubAck
 
 from services.gateway.publishing.outgoing import FAILED, STORED, WAITING, InFlight, Outgoing
 from services.gateway.publishing.pipeline import PublishPipeline
@@ -122,6 +123,9 @@ class ShardPublisher:
         self.on_stored = on_stored
         self.published = 0
         self.retries = 0
+        self.stored_out_of_order = 0
+        """Frames JetStream stored only after a later frame of this shard: a leader change dropped
+        them in flight while it stored what followed (docs/gateway.md, "What a shard may rely on")."""
         self._in_flight: deque[InFlight] = deque()
         self._recovery: asyncio.Task[None] | None = None
         self._stopped = False
@@ -274,26 +278,38 @@ class ShardPublisher:
         it is then *not* acknowledged (docs/gateway.md, "Frames"; ADR 0013)."""
         log.warning("JetStream did not acknowledge; publishing again in order",
                     extra={"reason": describe(exc), "count": len(self._in_flight)})
+        # Frames before the last one JetStream said it stored, and stored only now (not as a
+        # duplicate), land after it: the order broke and cannot be mended, so it is told.
+        ahead = max((k for k, entry in enumerate(self._in_flight) if entry.state == STORED), default=-1)
+        behind: list[Outgoing] = []
         while self._in_flight:
             item = self._in_flight[0].item
-            stored = await self._resend_until_settled(item)
+            answer = await self._resend_until_settled(item)
             self._in_flight.popleft()
-            if stored:
-                self._stored(item)
-            else:
+            if answer is None:
                 self._given_up(item)
+                continue
+            if ahead > 0 and not answer.duplicate:
+                behind.append(item)
+            ahead -= 1
+            self._stored(item)
+        if behind:
+            self.stored_out_of_order += len(behind)
+            log.error("frames stored after later frames of their shard: a leader change dropped them in flight",
+                      extra={"subject": behind[0].subject, "count": len(behind),
+                             "seq": behind[0].ack_seq, "reason": describe(exc)})
 
-    async def _resend_until_settled(self, item: Outgoing) -> bool:
-        """Publish ``item`` again until JetStream holds it (True) or has refused it
-        ``REFUSALS_BEFORE_DEAD_LETTER`` times in a row and it was dead-lettered (False)."""
+    async def _resend_until_settled(self, item: Outgoing) -> PubAck | None:
+        """Publish ``item`` again until JetStream holds it (its answer, ``duplicate`` when it held
+        it already) or has refused it ``REFUSALS_BEFORE_DEAD_LETTER`` times in a row and it was
+        dead-lettered (None)."""
         refusals = 0
         pause = RETRY_PAUSE_S
         timeout = min(FIRST_RESEND_TIMEOUT_S, self.ack_timeout_s)
         while True:
             await self.pipeline.connected()
             try:
-                await self.js.publish(item.subject, item.data, timeout=timeout, headers=self._headers(item))
-                return True
+                return await self.js.publish(item.subject, item.data, timeout=timeout, headers=self._headers(item))
             except Exception as error:  # noqa: BLE001 — retried; refused ones are dead-lettered
                 self.retries += 1
                 log.debug("publish failed, retrying", extra={"reason": describe(error)})
@@ -301,7 +317,7 @@ class ShardPublisher:
                     refusals += 1
                     if refusals >= REFUSALS_BEFORE_DEAD_LETTER:
                         await self._dead_letter(item, error)
-                        return False
+                        return None
                 else:
                     refusals = 0  # refusals count in a row: a transient answer between starts over
                     if isinstance(error, (TimeoutError, nats.errors.TimeoutError)):

@@ -1,0 +1,91 @@
+"""A frame JetStream stores only after a later frame of its shard is counted and logged, never
+passed over (docs/gateway.md, "What a shard may rely on": the one known exception to order).
+
+On hosts a change of the stream's leader drops the frames in flight for a few seconds and then
+stores the later ones (docs/reliability.md, "Frames stored out of order after a leader change").
+Here the same thing is made to happen on one real nats-server: the first frame goes to a subject
+no stream takes yet, and a plain subscriber listens there so that the publish meets neither a
+stream nor "no responders": it is dropped without a word, as in that gap. The later frames are
+stored; then the stream takes the first frame's subject too, and the shard's recovery stores it
+after them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from services.gateway.publishing.outgoing import Outgoing
+from services.gateway.publishing.pipeline import PublishPipeline
+from services.gateway.publishing.publisher import ShardPublisher
+from tests.gateway.conftest import wait_until
+
+
+async def _stored_in_stream(nc, stream: str) -> list[int]:
+    sub = await nc.jetstream().subscribe("", stream=stream, ordered_consumer=True)
+    found = []
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=1)
+            except TimeoutError:
+                return found
+            found.append(json.loads(msg.data)["i"])
+    finally:
+        await sub.unsubscribe()
+
+
+async def _publisher(nc) -> tuple[PublishPipeline, ShardPublisher, list[Outgoing]]:
+    pipeline = PublishPipeline(nc, ack_timeout_s=1.0)
+    await pipeline.start()
+    stored: list[Outgoing] = []
+    publisher = ShardPublisher(pipeline, nc.jetstream(), window=16, buffer=64, on_stored=stored.append)
+    publisher.start()
+    return pipeline, publisher, stored
+
+
+async def test_a_frame_stored_after_a_later_one_of_its_shard_is_counted_and_logged(nc, unique, caplog):
+    stream, dropped, kept = f"ORDER_{unique}", f"order.{unique}.first", f"order.{unique}.rest"
+    js = nc.jetstream()
+    await js.add_stream(name=stream, subjects=[kept])
+    await nc.subscribe(dropped)  # a listener, not a stream: the publish is dropped without an answer
+    await nc.flush()
+    pipeline, publisher, stored = await _publisher(nc)
+    try:
+        with caplog.at_level(logging.ERROR, logger="shardbus.gateway.publisher"):
+            publisher.put_nowait(Outgoing(dropped, b'{"i":0}', f"{unique}-0", ack_seq=0))
+            for i in (1, 2, 3):
+                publisher.put_nowait(Outgoing(kept, b'{"i":%d}' % i, f"{unique}-{i}", ack_seq=i))
+            # The three later frames are stored while the first waits: made to happen, not hoped for.
+            async with asyncio.timeout(10):
+                while (await js.stream_info(stream)).state.messages < 3:
+                    await asyncio.sleep(0.05)
+            await js.update_stream(name=stream, subjects=[kept, dropped])
+            await wait_until(lambda: len(stored) == 4, timeout=15)
+        assert await _stored_in_stream(nc, stream) == [1, 2, 3, 0]
+        assert publisher.stored_out_of_order == 1
+        assert [item.ack_seq for item in stored] == [0, 1, 2, 3]  # acknowledged, each once
+        told = [r for r in caplog.records if "stored after later frames" in r.getMessage()]
+        assert len(told) == 1 and told[0].subject == dropped and told[0].count == 1
+    finally:
+        await publisher.stop(drain_timeout_s=0)
+        await pipeline.stop()
+
+
+async def test_frames_recovered_in_order_are_not_counted_out_of_order(nc, unique):
+    """The control: the first frame meets no stream at all ("no responders"), so its recovery
+    publishes it and those after it again, in order, before anything later is stored."""
+    stream, subject = f"ORDER_{unique}", f"order.{unique}.all"
+    js = nc.jetstream()
+    pipeline, publisher, stored = await _publisher(nc)
+    try:
+        for i in range(4):
+            publisher.put_nowait(Outgoing(subject, b'{"i":%d}' % i, f"{unique}-{i}", ack_seq=i))
+        await asyncio.sleep(0.2)  # answered "no responders": the recovery is retrying the first
+        await js.add_stream(name=stream, subjects=[subject])
+        await wait_until(lambda: len(stored) == 4, timeout=15)
+        assert await _stored_in_stream(nc, stream) == [0, 1, 2, 3]
+        assert publisher.stored_out_of_order == 0
+    finally:
+        await publisher.stop(drain_timeout_s=0)
+        await pipeline.stop()
