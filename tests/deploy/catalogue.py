@@ -31,6 +31,7 @@ _OURS: dict[str, tuple[str, ...]] = {
     "shardbus_gateway_connections_opening": (),
     "shardbus_gateway_connections_refused_total": ("reason",),
     "shardbus_gateway_frames_given_up_total": (),
+    "shardbus_gateway_frames_stored_out_of_order_total": (),
     "shardbus_gateway_publish_resends_total": (),
     "shardbus_gateway_unread_bytes": (),
     "shardbus_gateway_reads_paused_total": (),
