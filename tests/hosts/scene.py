@@ -52,8 +52,9 @@ def acked(path: Path) -> int:
     return sum(v["acked"] for v in progress(path).values())
 
 
-async def wait_for(what: str, condition: Callable[[], object], timeout: float) -> None:
-    """Make the scenario's precondition happen: poll until ``condition()`` (sync or async) holds."""
+async def wait_for(what: str, condition: Callable[[], object], timeout: float, every: float = 0.2) -> None:
+    """Make the scenario's precondition happen: poll until ``condition()`` (sync or async) holds,
+    every ``every`` seconds; a TimeoutError naming ``what``."""
     deadline = time.monotonic() + timeout
     while True:
         result = condition()
@@ -63,7 +64,7 @@ async def wait_for(what: str, condition: Callable[[], object], timeout: float) -
             return
         if time.monotonic() > deadline:
             raise TimeoutError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(every)
 
 
 async def leader(nc: Client, stream: str = subjects.FRAMES_STREAM) -> str:

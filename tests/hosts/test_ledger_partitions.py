@@ -21,7 +21,6 @@ import shutil
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from simulator.world import ShardWorld
 from tests.hosts import harness, ledger_world
 from tests.hosts import ledger_checker as checker
 from tests.hosts.net import Host, Hosts, why_not_available
+from tests.hosts.scene import wait_for
 
 REASON = why_not_available()
 if REASON is not None and os.environ.get("SHARDBUS_REQUIRE_HOSTS") == "1":
@@ -199,20 +199,6 @@ class Tally:
             return inner(body)
 
         world._lease_release = counting  # type: ignore[method-assign]
-
-
-async def wait_for(what: str, condition: Callable[[], Any], timeout: float, every: float = 0.2) -> None:
-    """Poll ``condition()`` (sync or async) until it holds; a TimeoutError naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(every)
 
 
 BATCH_WAITING = """

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +49,26 @@ async def acknowledged_again(scene: Scene, before: int, timeout: float = 90.0) -
     scene.schedule.step(f"frames acknowledged again ({acked(scene.progress) - before} since the cut)")
 
 
+@asynccontextmanager
+async def partitioned(scene: Scene, host: Host, others: list[Host], said: str, healed: str,
+                      during: str) -> AsyncIterator[int]:
+    """``host`` cut from ``others`` for the body (the step says ``said``, where the gateway is and
+    which node leads the frames stream), healed however it ends; the frames acknowledged
+    meanwhile are a step and a note ("acknowledged during the ``during``"). Yields the count
+    acknowledged before the cut."""
+    assert scene.schedule is not None
+    before = acked(scene.progress)
+    scene.schedule.step(f"{said} (the gateway on {scene.gw_node.name}, frames stream led by {await leader(scene.nc)})")
+    scene.hosts.cut(host, others)
+    try:
+        yield before
+    finally:
+        scene.hosts.heal(host)
+        count = acked(scene.progress) - before
+        scene.schedule.step(f"healed {healed} ({count} frames acknowledged during the {during})")
+        scene.notes[f"acknowledged during the {during}"] = count
+
+
 @pytest.mark.hosts_short
 async def test_a_nats_node_isolated_from_everything_loses_and_repeats_nothing(tmp_path: Path) -> None:
     """A node chosen by the seed — whether or not it leads ``SHARD_FRAMES`` (also chosen) or
@@ -62,16 +84,10 @@ async def test_a_nats_node_isolated_from_everything_loses_and_repeats_nothing(tm
         node = scene.node(victim)
         others = [n.host for n in scene.nodes if n is not node] + [scene.gw_host]
         await asyncio.sleep(after)
-        before = acked(scene.progress)
-        schedule.step(f"cut {victim} from {names(scene, others)} (the gateway on {scene.gw_node.name}, "
-                      f"frames stream led by {await leader(scene.nc)})")
-        scene.hosts.cut(node.host, others)
-        try:
+        async with partitioned(scene, node.host, others, f"cut {victim} from {names(scene, others)}", victim,
+                               "partition") as before:
             await acknowledged_again(scene, before)
             await asyncio.sleep(held)
-        finally:
-            scene.hosts.heal(node.host)
-            schedule.step(f"healed {victim}")
 
     await run_scenario(tmp_path, "NATS node isolated", nemesis, schedule=schedule, leader_on=leader_on)
 
@@ -105,17 +121,9 @@ async def test_a_bridge_between_two_halves_loses_and_repeats_nothing(tmp_path: P
     async def nemesis(scene: Scene) -> None:
         one, other = (n for n in scene.nodes if n.name != middle)
         await asyncio.sleep(after)
-        before = acked(scene.progress)
-        schedule.step(f"cut {one.name} from {other.name}: only {middle} sees both (the gateway on "
-                      f"{scene.gw_node.name}, frames stream led by {await leader(scene.nc)})")
-        scene.hosts.cut(one.host, [other.host])
-        try:
+        async with partitioned(scene, one.host, [other.host], f"cut {one.name} from {other.name}: only {middle} "
+                               "sees both", f"{one.name} and {other.name}", "bridge"):
             await watch_leader(scene, schedule, held)
-        finally:
-            scene.hosts.heal(one.host)
-            during = acked(scene.progress) - before
-            schedule.step(f"healed ({during} frames acknowledged during the bridge)")
-            scene.notes["acknowledged during the bridge"] = during
 
     await run_scenario(tmp_path, "a bridge", nemesis, schedule=schedule, leader_on=leader_on)
 
@@ -143,11 +151,8 @@ async def test_a_pause_during_a_partition_loses_and_repeats_nothing(tmp_path: Pa
         target = scene.gateway if paused == "gateway" else scene.node(paused).started
         assert target is not None
         await asyncio.sleep(after)
-        before = acked(scene.progress)
-        schedule.step(f"cut {isolated} from {names(scene, others)} (the gateway on {scene.gw_node.name}, "
-                      f"frames stream led by {await leader(scene.nc)})")
-        scene.hosts.cut(node.host, others)
-        try:
+        async with partitioned(scene, node.host, others, f"cut {isolated} from {names(scene, others)}", isolated,
+                               "partition"):
             await asyncio.sleep(pause_after)
             schedule.step(f"SIGSTOP {paused}")
             nemesis_lib.pause(target)
@@ -157,11 +162,6 @@ async def test_a_pause_during_a_partition_loses_and_repeats_nothing(tmp_path: Pa
                 nemesis_lib.resume(target)
                 schedule.step(f"SIGCONT {paused}")
             await asyncio.sleep(held)
-        finally:
-            scene.hosts.heal(node.host)
-            during = acked(scene.progress) - before
-            schedule.step(f"healed {isolated} ({during} frames acknowledged during the partition)")
-            scene.notes["acknowledged during the partition"] = during
 
     await run_scenario(tmp_path, "a pause during a partition", nemesis, schedule=schedule, leader_on=leader_on)
 
@@ -186,11 +186,8 @@ async def test_a_node_killed_and_restarted_during_a_partition_loses_and_repeats_
         node, victim = scene.node(isolated), scene.node(killed)
         others = [n.host for n in scene.nodes if n is not node] + [scene.gw_host]
         await asyncio.sleep(after)
-        before = acked(scene.progress)
-        schedule.step(f"cut {isolated} from {names(scene, others)} (the gateway on {scene.gw_node.name}, "
-                      f"frames stream led by {await leader(scene.nc)})")
-        scene.hosts.cut(node.host, others)
-        try:
+        async with partitioned(scene, node.host, others, f"cut {isolated} from {names(scene, others)}", isolated,
+                               "partition"):
             await asyncio.sleep(kill_after)
             code = nemesis_lib.kill(victim.started)
             schedule.step(f"SIGKILL {killed} (exit {code})")
@@ -200,11 +197,6 @@ async def test_a_node_killed_and_restarted_during_a_partition_loses_and_repeats_
             await wait_for(f"{killed} answers on its monitoring port", lambda: nemesis_lib.up(victim), 60)
             schedule.step(f"{killed} answers")
             await asyncio.sleep(held)
-        finally:
-            scene.hosts.heal(node.host)
-            during = acked(scene.progress) - before
-            schedule.step(f"healed {isolated} ({during} frames acknowledged during the partition)")
-            scene.notes["acknowledged during the partition"] = during
 
     await run_scenario(tmp_path, "a kill during a partition", nemesis, schedule=schedule, leader_on=leader_on)
 
