@@ -22,6 +22,7 @@ from shardbus import embedded
 from shared.nats_connect import inbox_prefix
 from shared.settings import CommonSettings
 from tests.gateway.test_shard_tls import RecordingProxy
+from tests.streams import publish_when_led
 
 PASSWORD = "pTlsTestPassword4711"
 
@@ -161,7 +162,7 @@ async def test_a_three_node_cluster_routes_over_verified_tls(tmp_path, pki, uniq
         try:
             js = first.jetstream()
             await js.add_stream(StreamConfig(name=f"R{unique}", subjects=[f"r{unique}.>"], num_replicas=3))
-            await js.publish(f"r{unique}.x", b"replicated")
+            await publish_when_led(js, f"r{unique}.x", b"replicated")
             msg = await third.jetstream().get_msg(f"R{unique}", 1)
             assert msg.data == b"replicated"
         finally:
@@ -257,7 +258,7 @@ async def test_the_deployment_cluster_config_routes_over_verified_tls(tmp_path, 
             js = gateway.jetstream()
             await js.add_stream(StreamConfig(name=f"SHARD_FRAMES_{unique}", subjects=[f"shard.{unique}.frame.>"],
                                              num_replicas=3))
-            assert (await js.publish(f"shard.{unique}.frame.x", b"r3")).seq == 1
+            assert (await publish_when_led(js, f"shard.{unique}.frame.x", b"r3")).seq == 1
         finally:
             await gateway.close()
     finally:

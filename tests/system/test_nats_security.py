@@ -58,6 +58,7 @@ from shared import subjects
 from shared.nats_connect import inbox_prefix
 from simulator.shard import ShardSimulator
 from tests.processes import ServiceProcesses
+from tests.streams import publish_when_led
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "deploy" / "nats" / "nats.conf"
@@ -481,7 +482,7 @@ async def test_every_cluster_node_has_the_same_users_and_rules(secure_cluster, s
     info = await js.add_stream(name="R3_PROOF", subjects=["shard.r3proof.frame.>"], num_replicas=3)
     try:
         assert info.config.num_replicas == 3
-        await js.publish("shard.r3proof.frame.x", b"{}")
+        await publish_when_led(js, "shard.r3proof.frame.x", b"{}")
         info = await js.stream_info("R3_PROOF")
         assert info.state.messages == 1 and len(info.cluster.replicas or []) == 2
     finally:

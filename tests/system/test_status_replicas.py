@@ -22,6 +22,7 @@ import nats
 import pytest
 
 from shardbus import embedded, status
+from tests.streams import publish_when_led
 
 STREAM, MESSAGES = "REPLICAS_TEST", 200
 
@@ -59,10 +60,14 @@ async def test_status_names_a_paused_replica_behind_its_leader_until_it_catches_
     nc = await nats.connect(cluster.url.split(","))
     js = nc.jetstream()
     await js.add_stream(name=STREAM, subjects=["replicas.test"], num_replicas=3)
+    await publish_when_led(js, "replicas.test", b"first")  # elected and reachable: made to happen
     info = await js.stream_info(STREAM)
     # The follower to pause leads neither the stream nor the cluster's metadata, so the two
     # others keep storing and status keeps its answers while it sleeps.
-    leaders = {info.cluster.leader, meta_leader(cluster.nodes[0])}
+    async def meta() -> str | None:
+        return meta_leader(cluster.nodes[0]) or None
+
+    leaders = {info.cluster.leader, await wait_for("the cluster's metadata leader known", meta)}
     paused = next(node for node in cluster.nodes if node.name not in leaders)
     others = ",".join(node.url for node in cluster.nodes if node is not paused)
     await nc.close()  # it may be connected to the node about to sleep
