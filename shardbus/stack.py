@@ -470,7 +470,7 @@ class Stack:
             if child.proc:
                 embedded.stop_process(child.proc, signal.SIGTERM, STOP_TIMEOUT_S + 2.0)
         # The servers depend on no one any more: all are told at once, so stopping takes the
-        # slowest one's time, not the sum (a loaded machine once needed over 30 s in turn).
+        # slowest one's time, not the sum of their times.
         told = [(self.postgres.proc, signal.SIGINT)] if self.postgres else []
         if isinstance(self.nats, embedded.NatsCluster):
             told += [(node.proc, signal.SIGTERM) for node in self.nats.nodes]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -81,18 +81,20 @@ class DatabaseUnavailable(ShardbusError):
         self.reason = type(cause).__name__
 
 
-def is_outage(exc: BaseException | None) -> bool:
-    """Whether ``exc``, or an exception it wraps (SQLAlchemy's ``orig``, ``__cause__``), says the
-    database is away rather than that the request is wrong."""
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc`` and every exception it wraps (SQLAlchemy's ``orig``, ``__cause__``), once each."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, (DatabaseUnavailable, *OUTAGE_TYPES)):
-            return True
-        if str(getattr(exc, "sqlstate", "") or "").startswith(OUTAGE_SQLSTATES):
-            return True
+        yield exc
         exc = getattr(exc, "orig", None) or exc.__cause__
-    return False
+
+
+def is_outage(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an exception it wraps (SQLAlchemy's ``orig``, ``__cause__``), says the
+    database is away rather than that the request is wrong."""
+    return any(isinstance(link, (DatabaseUnavailable, *OUTAGE_TYPES))
+               or str(getattr(link, "sqlstate", "") or "").startswith(OUTAGE_SQLSTATES) for link in _chain(exc))
 
 
 def is_unreachable(exc: BaseException | None) -> bool:
@@ -100,14 +102,9 @@ def is_unreachable(exc: BaseException | None) -> bool:
     every statement would fail the same way right now: an outage (:func:`is_outage`) other than
     a cancelled statement (``57014``: the server answered, e.g. a statement that waited out
     ``STATEMENT_TIMEOUT_S`` on another's row lock, which the next statement may not)."""
-    seen: set[int] = set()
-    link = exc
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
-        if isinstance(link, asyncpg.QueryCanceledError) or str(getattr(link, "sqlstate", "") or "") == "57014":
-            return False
-        link = getattr(link, "orig", None) or link.__cause__
-    return is_outage(exc)
+    cancelled = any(isinstance(link, asyncpg.QueryCanceledError) or str(getattr(link, "sqlstate", "") or "") == "57014"
+                    for link in _chain(exc))
+    return not cancelled and is_outage(exc)
 
 
 class Database:
