@@ -1,5 +1,8 @@
 """A frame JetStream stores only after a later frame of its shard is counted and logged, never
-passed over (docs/gateway.md, "What a shard may rely on": the one known exception to order).
+passed over (docs/gateway.md, "What a shard may rely on": the one known exception to order), and a
+shard whose oldest frame is unanswered — for half a second, or while a later one was stored ahead
+of it — publishes nothing newer until it is, so the exception is kept to the frames already in
+flight.
 
 On hosts a change of the stream's leader drops the frames in flight for a few seconds and then
 stores the later ones (docs/reliability.md, "Frames stored out of order after a leader change").
@@ -35,8 +38,8 @@ async def _stored_in_stream(nc, stream: str) -> list[int]:
         await sub.unsubscribe()
 
 
-async def _publisher(nc) -> tuple[PublishPipeline, ShardPublisher, list[Outgoing]]:
-    pipeline = PublishPipeline(nc, ack_timeout_s=1.0)
+async def _publisher(nc, ack_timeout_s: float = 1.0) -> tuple[PublishPipeline, ShardPublisher, list[Outgoing]]:
+    pipeline = PublishPipeline(nc, ack_timeout_s=ack_timeout_s)
     await pipeline.start()
     stored: list[Outgoing] = []
     publisher = ShardPublisher(pipeline, nc.jetstream(), window=16, buffer=64, on_stored=stored.append)
@@ -86,6 +89,70 @@ async def test_frames_recovered_in_order_are_not_counted_out_of_order(nc, unique
         await wait_until(lambda: len(stored) == 4, timeout=15)
         assert await _stored_in_stream(nc, stream) == [0, 1, 2, 3]
         assert publisher.stored_out_of_order == 0
+    finally:
+        await publisher.stop(drain_timeout_s=0)
+        await pipeline.stop()
+
+
+async def _held_back(publisher: ShardPublisher) -> None:
+    loop = asyncio.get_running_loop()
+    await wait_until(lambda: publisher.held_back(loop.time()), timeout=10)
+
+
+async def _frames_in(js, stream: str) -> int:
+    return (await js.stream_info(stream)).state.messages
+
+
+async def test_a_shard_whose_oldest_frame_is_unanswered_publishes_nothing_newer(nc, unique):
+    """The frame dropped in a leader's gap waits unanswered: the shard's frames put after it has
+    waited half a second are held back until its recovery stores it, and go after it. (Before the
+    hold they went at once and were stored ahead of it: [1, 2, 3, 0].)"""
+    stream, dropped, kept = f"ORDER_{unique}", f"order.{unique}.first", f"order.{unique}.rest"
+    js = nc.jetstream()
+    await js.add_stream(name=stream, subjects=[kept])
+    await nc.subscribe(dropped)
+    await nc.flush()
+    pipeline, publisher, stored = await _publisher(nc, ack_timeout_s=5.0)  # recovery 5 s after
+    try:
+        publisher.put_nowait(Outgoing(dropped, b'{"i":0}', f"{unique}-0", ack_seq=0))
+        await _held_back(publisher)  # unanswered for half a second: made to happen
+        for i in (1, 2, 3):
+            publisher.put_nowait(Outgoing(kept, b'{"i":%d}' % i, f"{unique}-{i}", ack_seq=i))
+        await asyncio.sleep(0.5)  # long enough for a pass to publish them, were they not held
+        assert await _frames_in(js, stream) == 0
+        await js.update_stream(name=stream, subjects=[kept, dropped])
+        await wait_until(lambda: len(stored) == 4, timeout=20)
+        assert await _stored_in_stream(nc, stream) == [0, 1, 2, 3]
+        assert publisher.stored_out_of_order == 0
+    finally:
+        await publisher.stop(drain_timeout_s=0)
+        await pipeline.stop()
+
+
+async def test_once_a_later_frame_is_stored_ahead_nothing_newer_is_published(nc, unique):
+    """Frame 1 stored while frame 0 goes unanswered says 0 was dropped in flight: 2 and 3, put
+    after, wait for 0 (the half-second hold is set out of reach here, so only this rule holds
+    them). Only the frame already in flight lands ahead: [1, 0, 2, 3], counted once."""
+    stream, dropped, kept = f"ORDER_{unique}", f"order.{unique}.first", f"order.{unique}.rest"
+    js = nc.jetstream()
+    await js.add_stream(name=stream, subjects=[kept])
+    await nc.subscribe(dropped)
+    await nc.flush()
+    pipeline, publisher, stored = await _publisher(nc, ack_timeout_s=5.0)
+    publisher.hold_after_s = 60.0
+    try:
+        publisher.put_nowait(Outgoing(dropped, b'{"i":0}', f"{unique}-0", ack_seq=0))
+        publisher.put_nowait(Outgoing(kept, b'{"i":1}', f"{unique}-1", ack_seq=1))
+        await _held_back(publisher)  # frame 1's answer came while frame 0's did not
+        for i in (2, 3):
+            publisher.put_nowait(Outgoing(kept, b'{"i":%d}' % i, f"{unique}-{i}", ack_seq=i))
+        await asyncio.sleep(0.5)
+        assert await _frames_in(js, stream) == 1
+        await js.update_stream(name=stream, subjects=[kept, dropped])
+        await wait_until(lambda: len(stored) == 4, timeout=20)
+        assert await _stored_in_stream(nc, stream) == [1, 0, 2, 3]
+        assert publisher.stored_out_of_order == 1
+        assert [item.ack_seq for item in stored] == [0, 1, 2, 3]
     finally:
         await publisher.stop(drain_timeout_s=0)
         await pipeline.stop()

@@ -45,6 +45,14 @@ TRANSIENT_ERR_CODES = frozenset({10158, 10167})
 "duplicate message id is in process": a leader still holds an earlier copy of it, uncommitted,
 e.g. a minority leader during a partition) and 10167 (429 "too many requests")."""
 
+HOLD_AFTER_S = 0.5
+"""How long a shard's oldest frame in flight may go unanswered before the shard publishes nothing
+newer until it is answered or recovered (at most half the acknowledgement timeout). JetStream can
+drop frames in flight without a word — a leader change: 3–5 s with no leader on hosts — and store
+those published once a new leader stands; held back, they go after the dropped ones, in order.
+Far above an answer's usual wait (milliseconds), far below an election's (seconds)
+(docs/gateway.md, "What a shard may rely on")."""
+
 REFUSALS_BEFORE_DEAD_LETTER = 5
 """Times JetStream may refuse one message while NATS is up (not a timeout: an error answer)
 before it is dead-lettered with the reason: one bad message must not wedge the shard's
@@ -127,6 +135,10 @@ class ShardPublisher:
         """Frames JetStream stored only after a later frame of this shard: a leader change dropped
         them in flight while it stored what followed (docs/gateway.md, "What a shard may rely on")."""
         self._in_flight: deque[InFlight] = deque()
+        self.hold_after_s = min(HOLD_AFTER_S, self.ack_timeout_s / 2)
+        self._overtaken: InFlight | None = None
+        """A frame in flight that JetStream stored a later frame ahead of (its answer not come):
+        it was dropped, or is stored later; the shard publishes nothing newer until it leaves."""
         self._recovery: asyncio.Task[None] | None = None
         self._stopped = False
 
@@ -198,7 +210,7 @@ class ShardPublisher:
         sent = 0
         loop = asyncio.get_running_loop()
         connection = self.pipeline.connection()
-        if self._lost_with_a_connection(connection):
+        if self._lost_with_a_connection(connection) or self.held_back(loop.time()):
             return 0
         while self.queue and len(self._in_flight) < self.window and self._recovery is None and not self._stopped:
             entry = InFlight(self.queue.popleft(), loop.time(), connection)
@@ -211,6 +223,16 @@ class ShardPublisher:
         self._maybe_room()
         return sent
 
+    def held_back(self, now: float) -> bool:
+        """True while the oldest frame in flight is unanswered and either a later one was stored
+        ahead of it or it has waited ``hold_after_s``: what is published now could be stored
+        ahead of it (a leader change that dropped it), so nothing newer goes until it is answered
+        or recovered. Its answer or its recovery makes the shard ready again."""
+        if not self._in_flight:
+            return False
+        front = self._in_flight[0]
+        return front.state == WAITING and (front is self._overtaken or now - front.sent_at > self.hold_after_s)
+
     def acknowledged(self, entry: InFlight, error: Exception | None) -> None:
         """JetStream's answer for ``entry`` (None: stored): frames leave the window in order."""
         if entry.state != WAITING:
@@ -219,6 +241,8 @@ class ShardPublisher:
         if self._recovery is not None:
             return  # the recovery publishes the whole window again and takes it off itself
         window = self._in_flight
+        if error is None and window and window[0] is not entry and window[0].state == WAITING:
+            self._overtaken = window[0]
         while window and window[0].state != WAITING:
             front = window[0]
             if front.state == FAILED:
