@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 LOCAL_NATS_URL ?= nats://127.0.0.1:4222
 LOCAL_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/test
 
-.PHONY: lock up test test-unit test-integration test-system test-local-servers test-faults test-hosts tcpdump test-model test-link-model test-schemathesis bench fault-runs soak docs clean browser promtool npm-tools lint engine images test-compose tls-certs
+.PHONY: lock up test test-unit test-integration test-system test-local-servers test-faults test-hosts iptables tcpdump test-model test-link-model test-schemathesis bench fault-runs soak docs clean browser promtool npm-tools lint engine images test-compose tls-certs
 
 # Every package comes from requirements.lock, exact versions with their hashes (a release that
 # changed under a version, or a package nothing asked for, is refused); the project itself is
@@ -160,13 +160,19 @@ test-faults: $(STAMP)
 # take the machine's network setup for themselves. The capture test (tests/hosts/test_capture.py,
 # docs/security.md, "TLS") records the hosts' traffic with Debian's tcpdump: `make tcpdump`
 # installs it when missing (root: apt-get, a few seconds) and fails when it cannot; as root a
-# missing tcpdump fails the test, never skips it.
+# missing tcpdump fails the test, never skips it. `make iptables` installs Debian's iptables the
+# same way (every hosts test cuts links with it; a fresh machine may not have it).
+IPTABLES ?= /usr/sbin/iptables
+iptables:
+	@test -x $(IPTABLES) || [ "$$(id -u)" != 0 ] || { echo "== installing Debian's iptables (tests/hosts)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -o DPkg::Lock::Timeout=300 -y -qq --no-install-recommends iptables >/dev/null; }
+	@test -x $(IPTABLES) || [ "$$(id -u)" != 0 ] || { echo "no iptables at $(IPTABLES): apt-get install iptables" >&2; exit 1; }
 TCPDUMP ?= /usr/bin/tcpdump
 tcpdump:
 	@test -x $(TCPDUMP) || [ "$$(id -u)" != 0 ] || { echo "== installing Debian's tcpdump (tests/hosts/test_capture.py)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -o DPkg::Lock::Timeout=300 -y -qq --no-install-recommends tcpdump >/dev/null; }
 	@test -x $(TCPDUMP) || [ "$$(id -u)" != 0 ] || { echo "no tcpdump at $(TCPDUMP): apt-get install tcpdump" >&2; exit 1; }
-test-hosts: $(STAMP) tcpdump
+test-hosts: $(STAMP) iptables tcpdump
 	$(NO_STACK) $(PY) -m pytest -m hosts tests/hosts -s -p no:randomly
 
 # The ledger's whole history against its reference model (tests/model), long: MODEL_EXAMPLES
@@ -191,7 +197,7 @@ test-link-model: $(STAMP)
 # link), about 3 minutes on 2 cores, under 10. A fresh seed each run, printed with every
 # scenario: SHARDBUS_HOSTS_SEED=<n> make test-hosts-short replays one.
 .PHONY: test-hosts-short
-test-hosts-short: $(STAMP)
+test-hosts-short: $(STAMP) iptables
 	$(NO_STACK) $(PY) -m pytest -m "hosts and hosts_short" tests/hosts -s -p no:randomly
 
 # Schemathesis against a door on a real stack (tests/web/test_schemathesis.py, docs/web.md, "The

@@ -79,6 +79,7 @@ async def test_a_nats_node_isolated_from_everything_loses_and_repeats_nothing(tm
     victim = schedule.choice("node isolated", NODE_NAMES)
     after = schedule.seconds("cut after (s)", 0.0, 5.0)
     held = schedule.seconds("held after recovery (s)", 5.0, 15.0)
+    gateway_on = schedule.choice("gateway on", NODE_NAMES)  # drawn last: earlier seeds' plans hold
 
     async def nemesis(scene: Scene) -> None:
         node = scene.node(victim)
@@ -89,7 +90,8 @@ async def test_a_nats_node_isolated_from_everything_loses_and_repeats_nothing(tm
             await acknowledged_again(scene, before)
             await asyncio.sleep(held)
 
-    await run_scenario(tmp_path, "NATS node isolated", nemesis, schedule=schedule, leader_on=leader_on)
+    await run_scenario(tmp_path, "NATS node isolated", nemesis, schedule=schedule,
+                       gateway_on=gateway_on, leader_on=leader_on)
 
 
 async def watch_leader(scene: Scene, schedule: Schedule, seconds: float) -> list[str]:
@@ -117,6 +119,7 @@ async def test_a_bridge_between_two_halves_loses_and_repeats_nothing(tmp_path: P
     middle = schedule.choice("middle node", NODE_NAMES)
     after = schedule.seconds("cut after (s)", 0.0, 5.0)
     held = schedule.seconds("held (s)", 10.0, 20.0)
+    gateway_on = schedule.choice("gateway on", NODE_NAMES)  # drawn last: earlier seeds' plans hold
 
     async def nemesis(scene: Scene) -> None:
         one, other = (n for n in scene.nodes if n.name != middle)
@@ -125,7 +128,8 @@ async def test_a_bridge_between_two_halves_loses_and_repeats_nothing(tmp_path: P
                                "sees both", f"{one.name} and {other.name}", "bridge"):
             await watch_leader(scene, schedule, held)
 
-    await run_scenario(tmp_path, "a bridge", nemesis, schedule=schedule, leader_on=leader_on)
+    await run_scenario(tmp_path, "a bridge", nemesis, schedule=schedule,
+                       gateway_on=gateway_on, leader_on=leader_on)
 
 
 async def test_a_pause_during_a_partition_loses_and_repeats_nothing(tmp_path: Path) -> None:
@@ -142,6 +146,7 @@ async def test_a_pause_during_a_partition_loses_and_repeats_nothing(tmp_path: Pa
     pause_after = schedule.seconds("paused after the cut (s)", 1.0, 4.0)
     pause_for = schedule.seconds("paused for (s)", 2.0, 8.0)
     held = schedule.seconds("held after the pause (s)", 2.0, 6.0)
+    gateway_on = schedule.choice("gateway on", NODE_NAMES)  # drawn last: earlier seeds' plans hold
 
     async def nemesis(scene: Scene) -> None:
         node = scene.node(isolated)
@@ -163,7 +168,8 @@ async def test_a_pause_during_a_partition_loses_and_repeats_nothing(tmp_path: Pa
                 schedule.step(f"SIGCONT {paused}")
             await asyncio.sleep(held)
 
-    await run_scenario(tmp_path, "a pause during a partition", nemesis, schedule=schedule, leader_on=leader_on)
+    await run_scenario(tmp_path, "a pause during a partition", nemesis, schedule=schedule,
+                       gateway_on=gateway_on, leader_on=leader_on)
 
 
 @pytest.mark.hosts_short
@@ -180,6 +186,7 @@ async def test_a_node_killed_and_restarted_during_a_partition_loses_and_repeats_
     kill_after = schedule.seconds("killed after the cut (s)", 1.0, 4.0)
     down_for = schedule.seconds("down for (s)", 2.0, 8.0)
     held = schedule.seconds("held after the restart (s)", 2.0, 6.0)
+    gateway_on = schedule.choice("gateway on", NODE_NAMES)  # drawn last: earlier seeds' plans hold
 
     async def nemesis(scene: Scene) -> None:
         assert scene.processes is not None
@@ -198,7 +205,8 @@ async def test_a_node_killed_and_restarted_during_a_partition_loses_and_repeats_
             schedule.step(f"{killed} answers")
             await asyncio.sleep(held)
 
-    await run_scenario(tmp_path, "a kill during a partition", nemesis, schedule=schedule, leader_on=leader_on)
+    await run_scenario(tmp_path, "a kill during a partition", nemesis, schedule=schedule,
+                       gateway_on=gateway_on, leader_on=leader_on)
 
 
 @dataclass
@@ -248,6 +256,7 @@ async def test_a_lossy_link_loses_and_repeats_nothing(tmp_path: Path) -> None:
     placement = schedule.choice("proxied", (Proxied.NATS, Proxied.SHARDS, "both"))
     wiring = Proxied(nats=placement in (Proxied.NATS, "both"), shards=placement in (Proxied.SHARDS, "both"))
     faults = plan_faults(schedule, [Proxied.NATS, Proxied.SHARDS] if placement == "both" else [placement])
+    gateway_on = schedule.choice("gateway on", NODE_NAMES)  # drawn last: earlier seeds' plans hold
 
     async def nemesis(scene: Scene) -> None:
         proxy = wiring.proxy
@@ -285,4 +294,4 @@ async def test_a_lossy_link_loses_and_repeats_nothing(tmp_path: Path) -> None:
                 proxy.calm(name)
             schedule.step("calm: no delay, no stall")
 
-    await run_scenario(tmp_path, "a lossy link", nemesis, schedule=schedule, wiring=wiring)
+    await run_scenario(tmp_path, "a lossy link", nemesis, schedule=schedule, gateway_on=gateway_on, wiring=wiring)
