@@ -1,6 +1,7 @@
 """The checker over a hosts run's whole history (docs/reliability.md, "Hosts"): what each shard
 sent and was acknowledged (``shard_host.py``'s record) against what ``SHARD_FRAMES`` and
-``SHARD_DEADLETTER`` hold at the end. Pure: the test reads the streams and hands them in."""
+``SHARD_DEADLETTER`` hold at the end, and every command the website host sent (``website_host.py``)
+against the statuses a command may be answered. Pure: the test reads the streams and hands them in."""
 
 from __future__ import annotations
 
@@ -8,6 +9,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
+
+COMMAND_STATUSES = frozenset({200, 503, 504})
+"""What the website host's ``item.catalog`` may be answered (docs/contracts.md, "The gateway's own
+answers": 503 no shard connected or it left while the command waited, 504 no answer within
+``SHARDBUS_COMMAND_TIMEOUT_S``); 400 and 409 need a request it never sends."""
+
+NO_REPLY = frozenset({"timeout", "no responders"})
+"""A command with no reply at all: "no responders" is the 503 of the command plane; a timeout is a
+request or reply lost in the network (docs/contracts.md): both transient, counted, allowed
+during a fault."""
+
+CALM_COMMANDS = 5
+"""The last commands of each shard, sent once healed and drained: each must be answered 200."""
 
 
 @dataclass
@@ -19,6 +33,8 @@ class Verdict:
     acked: int = 0
     stored: int = 0
     resent_deduplicated: int = 0
+    commands: Counter[str] = field(default_factory=Counter)
+    """Commands by outcome: the status answered, or why there was no reply."""
 
     def add(self, shard: str, what: str, seqs: list[int], described: list[str] | None = None) -> None:
         if seqs:
@@ -27,7 +43,11 @@ class Verdict:
             self.violations.append(f"{shard}: {what}: {len(seqs)} ({shown})")
 
     def summary(self) -> str:
-        return (f"{self.sent} frames sent, {self.acked} acknowledged, {self.stored} stored, "
+        commands = ""
+        if self.commands:
+            each = ", ".join(f"{what} {n}" for what, n in sorted(self.commands.items()))
+            commands = f", {sum(self.commands.values())} commands ({each})"
+        return (f"{self.sent} frames sent, {self.acked} acknowledged, {self.stored} stored{commands}, "
                 f"{len(self.violations)} violations")
 
 
@@ -59,3 +79,27 @@ def check(history: dict[str, Any], stored: dict[str, list[int]], dead_letters: d
         verdict.add(shard, "dead-lettered (given up on)", dead_letters.get(shard, []))
         verdict.resent_deduplicated += len(acks) - len(set(acks))
     return verdict
+
+
+def check_commands(verdict: Verdict, outcomes: list[dict[str, Any]], shards: list[str]) -> None:
+    """``outcomes``: every command the website host sent, in order (``website_host.py``'s lines).
+    The promises (docs/contracts.md, "The gateway's own answers"): a command is answered with a
+    documented status or not at all (the network lost it: a timeout, no responders), never with
+    anything else; and once healed every command is answered 200 again (none stuck)."""
+    for shard in shards:
+        mine = [o for o in outcomes if o.get("shard") == shard]
+        for o in mine:
+            verdict.commands[str(o["status"] if o.get("status") is not None else o.get("error"))] += 1
+        odd = [(k, o) for k, o in enumerate(mine)
+               if o.get("status") is not None and o["status"] not in COMMAND_STATUSES]
+        verdict.add(shard, "commands answered with an undocumented status", [k for k, _ in odd],
+                    [f"#{k}: {o['status']}" for k, o in odd])
+        failed = [(k, o) for k, o in enumerate(mine) if o.get("status") is None and o.get("error") not in NO_REPLY]
+        verdict.add(shard, "commands failed otherwise than with no reply", [k for k, _ in failed],
+                    [f"#{k}: {o.get('error')}" for k, o in failed])
+        if len(mine) < CALM_COMMANDS:
+            verdict.violations.append(f"{shard}: only {len(mine)} commands sent, fewer than {CALM_COMMANDS}")
+            continue
+        calm = [(k, o) for k, o in enumerate(mine) if k >= len(mine) - CALM_COMMANDS and o.get("status") != 200]
+        verdict.add(shard, f"commands not answered 200 once healed (the last {CALM_COMMANDS})", [k for k, _ in calm],
+                    [f"#{k}: {o.get('status') or o.get('error')}" for k, o in calm])

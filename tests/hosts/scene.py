@@ -22,8 +22,9 @@ from nats.aio.client import Client
 
 from shared import subjects
 from tests.hosts import harness
-from tests.hosts.checker import check
+from tests.hosts.checker import check, check_commands
 from tests.hosts.net import Host, Hosts
+from tests.hosts.shard_host import KIND as TICK
 
 if TYPE_CHECKING:
     from tests.hosts.nemesis import Schedule
@@ -45,6 +46,11 @@ def progress(path: Path) -> dict[str, dict[str, int]]:
 def flowing(now: dict[str, dict[str, int]]) -> bool:
     """Every shard has had frames acknowledged (the stream takes them before the cut)."""
     return len(now) == SHARDS and all(v["acked"] >= 100 for v in now.values())
+
+
+def done(now: dict[str, dict[str, int]]) -> bool:
+    """Every shard's drain is over (the shard host's progress)."""
+    return len(now) == SHARDS and all(shard.get("done") for shard in now.values())
 
 
 def acked(path: Path) -> int:
@@ -91,12 +97,13 @@ async def put_leader_on(nc: Client, node: harness.Node, stream: str) -> None:
 
 
 def seqs_by_shard(messages: list[tuple[str, bytes]], kind: str) -> dict[str, list[int]]:
-    """Each shard's ``seq`` numbers in stream order, from its ``shard.<shard>.<kind>…`` messages
-    (hellos left out; -1 for a message without one)."""
+    """Each shard's ``seq`` numbers in stream order, from its ``shard.<shard>.<kind>`` messages
+    (-1 for a message without one): the shard host's frames (``frame.hosts.tick``; its hellos and
+    its answers to commands, frames too, left out) or its dead letters (``deadletter``)."""
     found: dict[str, list[int]] = {}
     for subject, data in messages:
-        parts = subject.split(".")
-        if len(parts) < 3 or parts[0] != "shard" or parts[2] != kind or subject.endswith(".server.hello"):
+        parts = subject.split(".", 2)
+        if len(parts) < 3 or parts[0] != "shard" or parts[2] != kind:
             continue
         try:
             seq = int(json.loads(data).get("seq", -1))
@@ -177,6 +184,36 @@ async def start_gateway_on(processes: harness.Processes, gw_host: Host, nodes: l
     raise TimeoutError(f"the gateway never connected to {wanted} in {GATEWAY_STARTS} starts: {seen}")
 
 
+COMMAND_TIMEOUT_S = 2.0
+"""The gateway's ``SHARDBUS_COMMAND_TIMEOUT_S`` here: a command the shard does not answer in time
+gets the 504."""
+
+COMMAND_EVERY_S, COMMAND_WAIT_S, CALM_S = 0.1, 4.0, 3.0
+"""The website host's pace (a shard's next command 0.1 s after the last one's outcome), how long it
+awaits a reply (above ``COMMAND_TIMEOUT_S``, so the gateway's 504 arrives first), and how long it
+keeps commanding once the shards are done (the checker's calm commands)."""
+
+
+def start_website(processes: harness.Processes, host: Host, nodes: list[harness.Node],
+                  workdir: Path) -> tuple[harness.Started, Path]:
+    """The website host (``website_host.py``) on ``host``, commanding every shard through every
+    node; its outcomes go to the returned file, line by line."""
+    out = workdir / "commands.jsonl"
+    handle = processes.start("website", host, [
+        sys.executable, "-m", "tests.hosts.website_host", "--nats", ",".join(n.url for n in nodes),
+        "--shards", ",".join(f"h{i}" for i in range(SHARDS)), "--every", str(COMMAND_EVERY_S),
+        "--timeout", str(COMMAND_WAIT_S), "--out", str(out)],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    return handle, out
+
+
+def read_outcomes(path: Path) -> list[dict[str, object]]:
+    """The website host's outcomes, in the order they were written."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 async def run_scenario(tmp_path: Path, name: str, nemesis: Nemesis, *, schedule: Schedule | None = None,
                        leader_on: str | None = None, gateway_on: str | None = None,
                        wiring: Wiring | None = None, **gateway_settings: str) -> None:
@@ -196,7 +233,7 @@ async def run_scenario(tmp_path: Path, name: str, nemesis: Nemesis, *, schedule:
         with Hosts(tmp_path) as hosts:
             try:
                 nats_hosts = [hosts.add(f"nats{i}") for i in (1, 2, 3)]
-                gw_host, shard_host = hosts.add("gw"), hosts.add("shards")
+                gw_host, shard_host, web_host = hosts.add("gw"), hosts.add("shards"), hosts.add("website")
                 nodes = harness.start_cluster(processes, nats_hosts, tmp_path)
                 # Precondition of the gateway's start (it creates its streams and buckets, R3, and
                 # exits when JetStream refuses): the meta group settled, seen twice 1 s apart.
@@ -208,7 +245,8 @@ async def run_scenario(tmp_path: Path, name: str, nemesis: Nemesis, *, schedule:
                     await asyncio.sleep(1.0)
                 wiring.start(hosts, nodes, gw_host)
                 gateway, gw_node = await start_gateway_on(processes, gw_host, nodes, tmp_path, gateway_on, notes, {
-                    "log_level": "DEBUG", "nats_url": ",".join(wiring.gateway_urls(nodes)), **gateway_settings})
+                    "log_level": "DEBUG", "nats_url": ",".join(wiring.gateway_urls(nodes)),
+                    "command_timeout_s": str(COMMAND_TIMEOUT_S), **gateway_settings})
                 nc = await harness.connect(nodes)
                 try:
                     # Precondition: the frames stream is led where the scenario wants it (by default
@@ -218,21 +256,28 @@ async def run_scenario(tmp_path: Path, name: str, nemesis: Nemesis, *, schedule:
                     await put_leader_on(nc, wanted, subjects.FRAMES_STREAM)
                     notes["gateway on"], notes["leader on"] = gw_node.name, wanted.name
 
-                    out, prog = tmp_path / "history.json", tmp_path / "progress.json"
+                    out, prog, linger = tmp_path / "history.json", tmp_path / "progress.json", tmp_path / "linger.done"
                     shards = processes.start("shards", shard_host, [
                         sys.executable, "-m", "tests.hosts.shard_host", "--gateway", wiring.shard_target(gw_host),
                         "--token", harness.TOKEN, "--shards", str(SHARDS), "--rate", str(RATE),
-                        "--seconds", str(SECONDS), "--out", str(out), "--progress", str(prog)],
+                        "--seconds", str(SECONDS), "--out", str(out), "--progress", str(prog),
+                        "--linger-until", str(linger)],
                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
                     await wait_for("frames acknowledged on every shard", lambda: flowing(progress(prog)), 60)
+                    website, commands_out = start_website(processes, web_host, nodes, tmp_path)
 
                     if schedule is not None:
                         schedule.begin()
                     await nemesis(Scene(hosts, nodes, gw_host, gw_node, nc, prog, notes, processes, gateway,
                                         schedule, wiring))
 
-                    await wait_for("the shard host finished (every frame acknowledged, or its drain ran out)",
-                                   lambda: shards.proc.poll() is not None, SECONDS + 180)
+                    await wait_for("every shard drained (every frame acknowledged, or its drain ran out)",
+                                   lambda: done(progress(prog)) or shards.proc.poll() is not None, SECONDS + 180)
+                    # Commands once healed and drained, the shards still there: the checker's calm ones.
+                    await asyncio.sleep(CALM_S)
+                    processes.stop(website)
+                    linger.touch()
+                    await wait_for("the shard host finished", lambda: shards.proc.poll() is not None, 30)
                     history = json.loads(out.read_text())["shards"]
                     # Read through the stream's leader, message by message: a consumer may be placed on
                     # the node that was cut off, which can stay behind long after the heal (seen: 318
@@ -240,11 +285,12 @@ async def run_scenario(tmp_path: Path, name: str, nemesis: Nemesis, *, schedule:
                     healed_at = time.monotonic()
                     frames = await read_settled(nc, nodes, subjects.FRAMES_STREAM, notes)
                     letters = await read_settled(nc, nodes, subjects.DEADLETTER_STREAM, notes)
-                    stored = seqs_by_shard(frames, "frame")
+                    stored = seqs_by_shard(frames, f"frame.{TICK}")
                     dead = seqs_by_shard(letters, "deadletter")
                     # What the checker was given, kept with the run: a violation's evidence.
                     (tmp_path / "stored.json").write_text(json.dumps({"frames": stored, "deadletters": dead}))
                     verdict = check(history, stored, dead)
+                    check_commands(verdict, read_outcomes(commands_out), sorted(history))
                     notes["stream per node at the read"] = stream_per_node(nodes)
                     try:
                         await wait_for("every node holds the whole frames stream", lambda: caught_up(nodes), 30)

@@ -5,7 +5,9 @@ shard may rely on"). Each sends ``--rate`` frames a second for ``--seconds``, th
 are acknowledged (at most ``--drain-seconds``), and writes its history as JSON to ``--out``:
 per shard every ``seq`` sent, every ``frame.ack`` received (in order) and what is still
 unacknowledged. ``--progress`` is rewritten twice a second with the acknowledgements so far, so
-the test can wait for frames to flow before it cuts a link. With ``--tls-ca`` every shard dials
+the test can wait for frames to flow before it cuts a link; each shard's ``done`` turns true once
+its drain is over. With ``--linger-until`` the shards then stay connected (answering commands)
+until that file exists, at most ``--linger-seconds``. With ``--tls-ca`` every shard dials
 TLS, verifying the gateway's certificate (and its address) against that CA (docs/gateway.md, "TLS").
 
     python -m tests.hosts.shard_host --gateway 10.231.7.14:2593 --token T --shards 3 --out h.json
@@ -36,6 +38,7 @@ class RecordingShard(ShardSimulator):
         self.sent: list[int] = []
         self.acks: list[int] = []
         self.reconnects = 0
+        self.done = False
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         if message.get("kind") == "frame.ack" and isinstance(message.get("seq"), int):
@@ -56,7 +59,8 @@ async def ensure_connected(sim: RecordingShard, first: bool = False) -> None:
             await asyncio.sleep(0.3)
 
 
-async def run_shard(sim: RecordingShard, rate: float, seconds: float, drain_s: float) -> None:
+async def run_shard(sim: RecordingShard, rate: float, seconds: float, drain_s: float, linger_until: Path | None,
+                    linger_s: float) -> None:
     await ensure_connected(sim, first=True)
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -76,13 +80,18 @@ async def run_shard(sim: RecordingShard, rate: float, seconds: float, drain_s: f
     while sim.unacked and loop.time() < deadline:
         await ensure_connected(sim)
         await asyncio.sleep(0.1)
+    sim.done = True
+    deadline = loop.time() + linger_s
+    while linger_until is not None and not linger_until.exists() and loop.time() < deadline:
+        await ensure_connected(sim)  # still answering the website's commands
+        await asyncio.sleep(0.1)
 
 
 async def write_progress(path: Path, sims: list[RecordingShard]) -> None:
     while True:
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({s.shard: {"sent": len(s.sent), "acked": len(s.acks), "unacked": len(s.unacked)}
-                                   for s in sims}))
+        tmp.write_text(json.dumps({s.shard: {"sent": len(s.sent), "acked": len(s.acks), "unacked": len(s.unacked),
+                                             "done": s.done} for s in sims}))
         os.replace(tmp, path)
         await asyncio.sleep(0.5)
 
@@ -95,7 +104,9 @@ async def main(args: argparse.Namespace) -> None:
     progress = asyncio.create_task(write_progress(Path(args.progress), sims)) if args.progress else None
     started = time.time()
     try:
-        await asyncio.gather(*(run_shard(s, args.rate, args.seconds, args.drain_seconds) for s in sims))
+        linger = Path(args.linger_until) if args.linger_until else None
+        await asyncio.gather(*(run_shard(s, args.rate, args.seconds, args.drain_seconds, linger, args.linger_seconds)
+                               for s in sims))
     finally:
         if progress is not None:
             progress.cancel()
@@ -114,6 +125,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=50.0, help="frames a second per shard")
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--drain-seconds", type=float, default=120.0)
+    parser.add_argument("--linger-until", default="", help="once drained, stay connected until this file exists")
+    parser.add_argument("--linger-seconds", type=float, default=120.0)
     parser.add_argument("--out", required=True)
     parser.add_argument("--progress", default="")
     parser.add_argument("--tls-ca", default="", help="dial TLS, verifying the gateway with this CA file (PEM)")
