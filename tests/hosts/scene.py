@@ -149,6 +149,8 @@ class Scene:
     gateway: harness.Started | None = None
     schedule: Schedule | None = None
     wiring: Wiring = field(default_factory=Wiring)
+    gw_hosts: list[Host] = field(default_factory=list)
+    """Every gateway's host, ``gw_host`` first (more than one with ``run_scenario(gateways=2)``)."""
 
     def node(self, name: str) -> harness.Node:
         return next(n for n in self.nodes if n.name == name)
@@ -184,6 +186,10 @@ async def start_gateway_on(processes: harness.Processes, gw_host: Host, nodes: l
     raise TimeoutError(f"the gateway never connected to {wanted} in {GATEWAY_STARTS} starts: {seen}")
 
 
+SILENCE_S = 3.0
+"""With two gateways: how long a shard hears nothing (no ping, no ack) before it drops the link and
+dials the other (docs/gateway.md, "What a shard may rely on": "a few" pings, 1 s apart here)."""
+
 COMMAND_TIMEOUT_S = 2.0
 """The gateway's ``SHARDBUS_COMMAND_TIMEOUT_S`` here: a command the shard does not answer in time
 gets the 504."""
@@ -216,12 +222,14 @@ def read_outcomes(path: Path) -> list[dict[str, object]]:
 
 async def run_scenario(tmp_path: Path, name: str, nemesis: Nemesis, *, schedule: Schedule | None = None,
                        leader_on: str | None = None, gateway_on: str | None = None,
-                       wiring: Wiring | None = None, **gateway_settings: str) -> None:
+                       wiring: Wiring | None = None, gateways: int = 1, **gateway_settings: str) -> None:
     """Hosts, cluster, gateway, shards streaming; ``nemesis`` once frames flow; then the shards'
     drain, the streams read and the checker. The frames stream is led by the gateway's node, or
     by the node named ``leader_on``; the gateway connected to the node named ``gateway_on`` (else
-    wherever nats-py's shuffle of the listed nodes puts it). With ``schedule``, its seed and steps are printed and kept,
-    and shown with any failure."""
+    wherever nats-py's shuffle of the listed nodes puts it). With ``gateways=2`` a second gateway
+    runs on a host of its own, shard ``i`` dials gateway ``i`` mod 2 first, and a shard that hears
+    nothing for ``SILENCE_S`` moves to the other (both ping every second). With ``schedule``, its
+    seed and steps are printed and kept, and shown with any failure."""
     started_at = time.monotonic()
     processes = harness.Processes(tmp_path)
     notes: dict[str, object] = {}
@@ -234,6 +242,9 @@ async def run_scenario(tmp_path: Path, name: str, nemesis: Nemesis, *, schedule:
             try:
                 nats_hosts = [hosts.add(f"nats{i}") for i in (1, 2, 3)]
                 gw_host, shard_host, web_host = hosts.add("gw"), hosts.add("shards"), hosts.add("website")
+                gw_hosts = [gw_host, *(hosts.add(f"gw{k + 1}") for k in range(1, gateways))]
+                if gateways > 1:
+                    gateway_settings = {"ping_every_s": "1", **gateway_settings}
                 nodes = harness.start_cluster(processes, nats_hosts, tmp_path)
                 # Precondition of the gateway's start (it creates its streams and buckets, R3, and
                 # exits when JetStream refuses): the meta group settled, seen twice 1 s apart.
@@ -247,6 +258,10 @@ async def run_scenario(tmp_path: Path, name: str, nemesis: Nemesis, *, schedule:
                 gateway, gw_node = await start_gateway_on(processes, gw_host, nodes, tmp_path, gateway_on, notes, {
                     "log_level": "DEBUG", "nats_url": ",".join(wiring.gateway_urls(nodes)),
                     "command_timeout_s": str(COMMAND_TIMEOUT_S), **gateway_settings})
+                for other in gw_hosts[1:]:
+                    harness.start_gateway(processes, other, nodes, tmp_path, **{
+                        "log_level": "DEBUG", "nats_url": ",".join(wiring.gateway_urls(nodes)),
+                        "command_timeout_s": str(COMMAND_TIMEOUT_S), **gateway_settings})
                 nc = await harness.connect(nodes)
                 try:
                     # Precondition: the frames stream is led where the scenario wants it (by default
@@ -258,7 +273,9 @@ async def run_scenario(tmp_path: Path, name: str, nemesis: Nemesis, *, schedule:
 
                     out, prog, linger = tmp_path / "history.json", tmp_path / "progress.json", tmp_path / "linger.done"
                     shards = processes.start("shards", shard_host, [
-                        sys.executable, "-m", "tests.hosts.shard_host", "--gateway", wiring.shard_target(gw_host),
+                        sys.executable, "-m", "tests.hosts.shard_host",
+                        "--gateway", ",".join(wiring.shard_target(h) for h in gw_hosts),
+                        "--silence-seconds", str(SILENCE_S if gateways > 1 else 0),
                         "--token", harness.TOKEN, "--shards", str(SHARDS), "--rate", str(RATE),
                         "--seconds", str(SECONDS), "--out", str(out), "--progress", str(prog),
                         "--linger-until", str(linger)],
@@ -269,7 +286,7 @@ async def run_scenario(tmp_path: Path, name: str, nemesis: Nemesis, *, schedule:
                     if schedule is not None:
                         schedule.begin()
                     await nemesis(Scene(hosts, nodes, gw_host, gw_node, nc, prog, notes, processes, gateway,
-                                        schedule, wiring))
+                                        schedule, wiring, gw_hosts))
 
                     await wait_for("every shard drained (every frame acknowledged, or its drain ran out)",
                                    lambda: done(progress(prog)) or shards.proc.poll() is not None, SECONDS + 180)
@@ -279,6 +296,8 @@ async def run_scenario(tmp_path: Path, name: str, nemesis: Nemesis, *, schedule:
                     linger.touch()
                     await wait_for("the shard host finished", lambda: shards.proc.poll() is not None, 30)
                     history = json.loads(out.read_text())["shards"]
+                    if gateways > 1:
+                        notes["shards moved"] = {shard: h["moves"] for shard, h in history.items() if h.get("moves")}
                     # Read through the stream's leader, message by message: a consumer may be placed on
                     # the node that was cut off, which can stay behind long after the heal (seen: 318
                     # of 4,503 messages 60 s later; docs/reliability.md, "Hosts").

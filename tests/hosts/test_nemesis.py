@@ -24,7 +24,7 @@ from tests.hosts import nemesis as nemesis_lib
 from tests.hosts.nemesis import NODE_NAMES, Schedule
 from tests.hosts.net import Host, why_not_available
 from tests.hosts.proxy import Proxied
-from tests.hosts.scene import SECONDS, Scene, acked, leader, run_scenario, wait_for
+from tests.hosts.scene import SECONDS, SHARDS, Scene, acked, leader, progress, run_scenario, wait_for
 
 REASON = why_not_available()
 if REASON is not None and os.environ.get("SHARDBUS_REQUIRE_HOSTS") == "1":
@@ -33,6 +33,10 @@ pytestmark = [pytest.mark.skipif(REASON is not None, reason=REASON or ""), pytes
 
 RECOVERED = 300
 """Frames acknowledged after a cut before it is held: the system has found its way around it."""
+
+MOVED = 50
+"""Frames of each shard of a gateway cut off acknowledged again (through the other) before the
+cut is held: its shards have moved."""
 
 
 def names(scene: Scene, hosts: list[Host]) -> str:
@@ -91,6 +95,41 @@ async def test_a_nats_node_isolated_from_everything_loses_and_repeats_nothing(tm
             await asyncio.sleep(held)
 
     await run_scenario(tmp_path, "NATS node isolated", nemesis, schedule=schedule,
+                       gateway_on=gateway_on, leader_on=leader_on)
+
+
+SHARD_NAMES = [f"h{i}" for i in range(SHARDS)]
+
+
+@pytest.mark.hosts_short
+async def test_a_gateway_host_isolated_moves_its_shards_and_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    """Two gateways on hosts of their own, the shards spread over both (shard ``i`` on gateway ``i``
+    mod 2). A gateway chosen by the seed is cut from everything — the nodes, the other gateway, the
+    shards' and the website's hosts — while shards stream: its shards hear nothing, drop the link,
+    dial the other gateway and resend what was not acknowledged. Held until each of them is
+    acknowledged again there, then for a seeded time; healed (the old gateway still holds their
+    frames, and publishes them again once it is back: de-duplicated)."""
+    schedule = Schedule("a gateway host isolated")
+    leader_on = schedule.choice("frames stream led by", NODE_NAMES)
+    victim = ("gateway 1", "gateway 2").index(schedule.choice("gateway isolated", ("gateway 1", "gateway 2")))
+    after = schedule.seconds("cut after (s)", 0.0, 5.0)
+    held = schedule.seconds("held after its shards moved (s)", 2.0, 8.0)
+    gateway_on = schedule.choice("gateway on", NODE_NAMES)  # drawn last: earlier seeds' plans hold
+
+    async def nemesis(scene: Scene) -> None:
+        host = scene.gw_hosts[victim]
+        others = [h for h in scene.hosts.hosts.values() if h is not host]
+        theirs = [shard for k, shard in enumerate(SHARD_NAMES) if k % len(scene.gw_hosts) == victim]
+        await asyncio.sleep(after)
+        async with partitioned(scene, host, others, f"cut gateway {victim + 1} ({', '.join(theirs)}) from "
+                               "everything", f"gateway {victim + 1}", "partition"):
+            base = {shard: progress(scene.progress)[shard]["acked"] for shard in theirs}
+            await wait_for(f"{', '.join(theirs)} acknowledged again, through the other gateway",
+                           lambda: all(progress(scene.progress)[s]["acked"] > base[s] + MOVED for s in theirs), 90)
+            schedule.step(f"{', '.join(theirs)} acknowledged again through the other gateway")
+            await asyncio.sleep(held)
+
+    await run_scenario(tmp_path, "a gateway host isolated", nemesis, schedule=schedule, gateways=2,
                        gateway_on=gateway_on, leader_on=leader_on)
 
 
