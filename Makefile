@@ -194,8 +194,8 @@ test-link-model: $(STAMP)
 
 # The hosts scenarios' short form, for CI (docs/reliability.md, "Hosts", "The short form"): the
 # few marked `hosts_short` (a partition, a node isolated, a kill during a partition, a lossy
-# link), about 3 minutes on 2 cores, under 10. A fresh seed each run, printed with every
-# scenario: SHARDBUS_HOSTS_SEED=<n> make test-hosts-short replays one.
+# link, a gateway host isolated), about 4 minutes on 2 cores, under 10; .ci/run runs it. A fresh
+# seed each run, printed with every scenario: SHARDBUS_HOSTS_SEED=<n> make test-hosts-short replays one.
 .PHONY: test-hosts-short
 test-hosts-short: $(STAMP) iptables
 	$(NO_STACK) $(PY) -m pytest -m "hosts and hosts_short" tests/hosts -s -p no:randomly
