@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import Any
 
 from services.gateway.publishing.outgoing import Outgoing
 from services.gateway.publishing.pipeline import PublishPipeline
@@ -94,6 +95,25 @@ async def test_frames_recovered_in_order_are_not_counted_out_of_order(nc, unique
         await pipeline.stop()
 
 
+async def _stream_missing_one_subject(nc, unique: str) -> tuple[Any, str, str, str]:
+    """A stream taking ``kept`` but not yet ``dropped``, where a plain listener makes a publish
+    vanish without an answer (as in a leader's gap): (js, stream, dropped, kept)."""
+    stream, dropped, kept = f"ORDER_{unique}", f"order.{unique}.first", f"order.{unique}.rest"
+    js = nc.jetstream()
+    await js.add_stream(name=stream, subjects=[kept])
+    await nc.subscribe(dropped)
+    await nc.flush()
+    return js, stream, dropped, kept
+
+
+async def _taken_in_and_read(nc, js, stream: str, subjects: list[str], stored: list[Outgoing]) -> list[int]:
+    """The stream takes ``subjects`` (the dropped one too); once the shard's four frames are
+    stored, the stream's order of them."""
+    await js.update_stream(name=stream, subjects=subjects)
+    await wait_until(lambda: len(stored) == 4, timeout=20)
+    return await _stored_in_stream(nc, stream)
+
+
 async def _held_back(publisher: ShardPublisher) -> None:
     loop = asyncio.get_running_loop()
     await wait_until(lambda: publisher.held_back(loop.time()), timeout=10)
@@ -107,11 +127,7 @@ async def test_a_shard_whose_oldest_frame_is_unanswered_publishes_nothing_newer(
     """The frame dropped in a leader's gap waits unanswered: the shard's frames put after it has
     waited half a second are held back until its recovery stores it, and go after it. (Before the
     hold they went at once and were stored ahead of it: [1, 2, 3, 0].)"""
-    stream, dropped, kept = f"ORDER_{unique}", f"order.{unique}.first", f"order.{unique}.rest"
-    js = nc.jetstream()
-    await js.add_stream(name=stream, subjects=[kept])
-    await nc.subscribe(dropped)
-    await nc.flush()
+    js, stream, dropped, kept = await _stream_missing_one_subject(nc, unique)
     pipeline, publisher, stored = await _publisher(nc, ack_timeout_s=5.0)  # recovery 5 s after
     try:
         publisher.put_nowait(Outgoing(dropped, b'{"i":0}', f"{unique}-0", ack_seq=0))
@@ -120,9 +136,7 @@ async def test_a_shard_whose_oldest_frame_is_unanswered_publishes_nothing_newer(
             publisher.put_nowait(Outgoing(kept, b'{"i":%d}' % i, f"{unique}-{i}", ack_seq=i))
         await asyncio.sleep(0.5)  # long enough for a pass to publish them, were they not held
         assert await _frames_in(js, stream) == 0
-        await js.update_stream(name=stream, subjects=[kept, dropped])
-        await wait_until(lambda: len(stored) == 4, timeout=20)
-        assert await _stored_in_stream(nc, stream) == [0, 1, 2, 3]
+        assert await _taken_in_and_read(nc, js, stream, [kept, dropped], stored) == [0, 1, 2, 3]
         assert publisher.stored_out_of_order == 0
     finally:
         await publisher.stop(drain_timeout_s=0)
@@ -133,11 +147,7 @@ async def test_once_a_later_frame_is_stored_ahead_nothing_newer_is_published(nc,
     """Frame 1 stored while frame 0 goes unanswered says 0 was dropped in flight: 2 and 3, put
     after, wait for 0 (the half-second hold is set out of reach here, so only this rule holds
     them). Only the frame already in flight lands ahead: [1, 0, 2, 3], counted once."""
-    stream, dropped, kept = f"ORDER_{unique}", f"order.{unique}.first", f"order.{unique}.rest"
-    js = nc.jetstream()
-    await js.add_stream(name=stream, subjects=[kept])
-    await nc.subscribe(dropped)
-    await nc.flush()
+    js, stream, dropped, kept = await _stream_missing_one_subject(nc, unique)
     pipeline, publisher, stored = await _publisher(nc, ack_timeout_s=5.0)
     publisher.hold_after_s = 60.0
     try:
@@ -148,9 +158,7 @@ async def test_once_a_later_frame_is_stored_ahead_nothing_newer_is_published(nc,
             publisher.put_nowait(Outgoing(kept, b'{"i":%d}' % i, f"{unique}-{i}", ack_seq=i))
         await asyncio.sleep(0.5)
         assert await _frames_in(js, stream) == 1
-        await js.update_stream(name=stream, subjects=[kept, dropped])
-        await wait_until(lambda: len(stored) == 4, timeout=20)
-        assert await _stored_in_stream(nc, stream) == [1, 0, 2, 3]
+        assert await _taken_in_and_read(nc, js, stream, [kept, dropped], stored) == [1, 0, 2, 3]
         assert publisher.stored_out_of_order == 1
         assert [item.ack_seq for item in stored] == [0, 1, 2, 3]
     finally:
