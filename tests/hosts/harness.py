@@ -315,6 +315,6 @@ def keep(workdir: Path, name: str) -> Path:
     target = root / f"{time.strftime('%Y%m%dT%H%M%S')}-{name.replace(' ', '-')}"
     target.mkdir(parents=True, exist_ok=True)
     for path in workdir.iterdir():
-        if path.is_file() and path.suffix in {".log", ".json", ".pcap"}:
+        if path.is_file() and path.suffix in {".log", ".json", ".jsonl", ".pcap"}:
             shutil.copy2(path, target / path.name)
     return target

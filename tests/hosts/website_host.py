@@ -2,7 +2,8 @@
 command to each shard, one at a time per shard, every ``--every`` seconds, through NATS (every
 node listed, reconnecting as a service does), as a website does, and writes each outcome as one
 JSON line to ``--out`` the moment it is known (so a stop loses none of them):
-``{"shard", "sent"`` (seconds since the start), ``"took"`` (seconds), ``"status"`` (the reply's
+``{"shard", "sent"`` (seconds since the start), ``"at"`` (when, on the machine's monotonic clock,
+which the test's processes share), ``"took"`` (seconds), ``"status"`` (the reply's
 status, or null), ``"error"`` (why there was no reply: ``"timeout"``, ``"no responders"``, or
 another exception's type)}. Runs until SIGTERM: the test stops it by its handle.
 
@@ -52,7 +53,7 @@ async def command_shard(nc: nats.NATS, shard: str, every_s: float, timeout_s: fl
             error = "timeout"
         except Exception as exc:  # recorded: the checker judges it
             error = type(exc).__name__
-        out.write(json.dumps({"shard": shard, "sent": round(sent - started, 3),
+        out.write(json.dumps({"shard": shard, "sent": round(sent - started, 3), "at": round(sent, 3),
                               "took": round(time.monotonic() - sent, 3), "status": status, "error": error}) + "\n")
         out.flush()
         try:
