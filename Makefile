@@ -162,16 +162,19 @@ test-faults: $(STAMP)
 # installs it when missing (root: apt-get, a few seconds) and fails when it cannot; as root a
 # missing tcpdump fails the test, never skips it. `make iptables` installs Debian's iptables the
 # same way (every hosts test cuts links with it; a fresh machine may not have it).
+# $(call debian_tool,<path>,<package>,<who needs it>): as root, install the Debian package when
+# <path> is missing, and fail when it is still missing; elsewhere, do nothing (the tests say why).
+define debian_tool
+	@test -x $(1) || [ "$$(id -u)" != 0 ] || { echo "== installing Debian's $(2) ($(3))"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -o DPkg::Lock::Timeout=300 -y -qq --no-install-recommends $(2) >/dev/null; }
+	@test -x $(1) || [ "$$(id -u)" != 0 ] || { echo "no $(2) at $(1): apt-get install $(2)" >&2; exit 1; }
+endef
 IPTABLES ?= /usr/sbin/iptables
 iptables:
-	@test -x $(IPTABLES) || [ "$$(id -u)" != 0 ] || { echo "== installing Debian's iptables (tests/hosts)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -o DPkg::Lock::Timeout=300 -y -qq --no-install-recommends iptables >/dev/null; }
-	@test -x $(IPTABLES) || [ "$$(id -u)" != 0 ] || { echo "no iptables at $(IPTABLES): apt-get install iptables" >&2; exit 1; }
+	$(call debian_tool,$(IPTABLES),iptables,tests/hosts)
 TCPDUMP ?= /usr/bin/tcpdump
 tcpdump:
-	@test -x $(TCPDUMP) || [ "$$(id -u)" != 0 ] || { echo "== installing Debian's tcpdump (tests/hosts/test_capture.py)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -o DPkg::Lock::Timeout=300 -y -qq --no-install-recommends tcpdump >/dev/null; }
-	@test -x $(TCPDUMP) || [ "$$(id -u)" != 0 ] || { echo "no tcpdump at $(TCPDUMP): apt-get install tcpdump" >&2; exit 1; }
+	$(call debian_tool,$(TCPDUMP),tcpdump,tests/hosts/test_capture.py)
 test-hosts: $(STAMP) iptables tcpdump
 	$(NO_STACK) $(PY) -m pytest -m hosts tests/hosts -s -p no:randomly
 

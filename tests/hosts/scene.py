@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 SHARDS, RATE, SECONDS = 3, 50.0, 30.0
 """Three shards at 50 frames/s each for 30 s: 4,500 frames, a partition in the middle."""
 
+SHARD_NAMES = [f"h{i}" for i in range(SHARDS)]
+"""The shard host's shards (its default ``--prefix`` ``h``), shard ``i`` dialling gateway ``i`` mod
+the number of gateways first."""
+
 CUT_HELD_S = 10.0
 """How long the partition is held once the majority has elected a new leader."""
 
@@ -208,7 +212,7 @@ def start_website(processes: harness.Processes, host: Host, nodes: list[harness.
     out = workdir / "commands.jsonl"
     handle = processes.start("website", host, [
         sys.executable, "-m", "tests.hosts.website_host", "--nats", ",".join(n.url for n in nodes),
-        "--shards", ",".join(f"h{i}" for i in range(SHARDS)), "--every", str(COMMAND_EVERY_S),
+        "--shards", ",".join(SHARD_NAMES), "--every", str(COMMAND_EVERY_S),
         "--timeout", str(COMMAND_WAIT_S), "--out", str(out)],
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     return handle, out
@@ -217,8 +221,8 @@ def start_website(processes: harness.Processes, host: Host, nodes: list[harness.
 def calm(outcomes: list[dict[str, Any]], since: float) -> bool:
     """Each shard's last ``CALM_COMMANDS`` commands were sent after ``since`` (the machine's
     monotonic clock) and answered 200."""
-    for i in range(SHARDS):
-        last = [o for o in outcomes if o.get("shard") == f"h{i}"][-CALM_COMMANDS:]
+    for shard in SHARD_NAMES:
+        last = [o for o in outcomes if o.get("shard") == shard][-CALM_COMMANDS:]
         if len(last) < CALM_COMMANDS or not all(o.get("status") == 200 and o.get("at", 0) >= since for o in last):
             return False
     return True
@@ -266,13 +270,12 @@ async def run_scenario(tmp_path: Path, name: str, nemesis: Nemesis, *, schedule:
                                    lambda: meta_settled(nodes), 60)
                     await asyncio.sleep(1.0)
                 wiring.start(hosts, nodes, gw_host)
-                gateway, gw_node = await start_gateway_on(processes, gw_host, nodes, tmp_path, gateway_on, notes, {
-                    "log_level": "DEBUG", "nats_url": ",".join(wiring.gateway_urls(nodes)),
-                    "command_timeout_s": str(COMMAND_TIMEOUT_S), **gateway_settings})
+                settings = {"log_level": "DEBUG", "nats_url": ",".join(wiring.gateway_urls(nodes)),
+                            "command_timeout_s": str(COMMAND_TIMEOUT_S), **gateway_settings}
+                gateway, gw_node = await start_gateway_on(processes, gw_host, nodes, tmp_path, gateway_on, notes,
+                                                          settings)
                 for other in gw_hosts[1:]:
-                    harness.start_gateway(processes, other, nodes, tmp_path, **{
-                        "log_level": "DEBUG", "nats_url": ",".join(wiring.gateway_urls(nodes)),
-                        "command_timeout_s": str(COMMAND_TIMEOUT_S), **gateway_settings})
+                    harness.start_gateway(processes, other, nodes, tmp_path, **settings)
                 nc = await harness.connect(nodes)
                 try:
                     # Precondition: the frames stream is led where the scenario wants it (by default

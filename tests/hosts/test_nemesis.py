@@ -24,7 +24,7 @@ from tests.hosts import nemesis as nemesis_lib
 from tests.hosts.nemesis import NODE_NAMES, Schedule
 from tests.hosts.net import Host, why_not_available
 from tests.hosts.proxy import Proxied
-from tests.hosts.scene import SECONDS, SHARDS, Scene, acked, leader, progress, run_scenario, wait_for
+from tests.hosts.scene import SECONDS, SHARD_NAMES, Scene, acked, leader, progress, run_scenario, wait_for
 
 REASON = why_not_available()
 if REASON is not None and os.environ.get("SHARDBUS_REQUIRE_HOSTS") == "1":
@@ -96,9 +96,6 @@ async def test_a_nats_node_isolated_from_everything_loses_and_repeats_nothing(tm
 
     await run_scenario(tmp_path, "NATS node isolated", nemesis, schedule=schedule,
                        gateway_on=gateway_on, leader_on=leader_on)
-
-
-SHARD_NAMES = [f"h{i}" for i in range(SHARDS)]
 
 
 @pytest.mark.hosts_short
