@@ -70,7 +70,7 @@ class Gateway:
 
     async def start(self) -> None:
         """Declare the streams and the boards' buckets, and answer board reads and news."""
-        await declare_streams(self.js, self.settings)
+        self.pipeline.fast_ingest = await declare_streams(self.nc, self.js, self.settings)
         await self.pipeline.start()
         await self.boards.declare()
         await self.boards.serve()

@@ -46,6 +46,10 @@ class GatewaySettings(CommonSettings):
                                       description="JetStream de-duplication window of the frames stream.")
     publish_window: int = Field(default=256, ge=1, le=4000,
                                 description="JetStream acknowledgements in flight per shard.")
+    fast_ingest: bool = Field(default=True,
+                              description="Publish frames in JetStream fast-ingest batches where "
+                              "nats-server allows them (2.14 and later), which keeps each shard's order "
+                              "through a leader change; false: plain publishes.")
     publish_ack_timeout_s: float = Field(default=5.0, gt=0,
                                          description="How long one JetStream acknowledgement may take "
                                          "before the frame is published again.")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.gateway.publishing.fast_ingest import FastBatch
+
 
 @dataclass(slots=True)
 class Outgoing:
@@ -26,7 +28,8 @@ WAITING, STORED, FAILED = 0, 1, 2
 class InFlight:
     """A frame published and not yet taken off its shard's window: its token in the pipeline's
     inbox, when it was sent (the event loop's clock) and on which connection to NATS (nats-py's
-    reconnect count), and what its acknowledgement said."""
+    reconnect count), what its acknowledgement said, and the fast-ingest batch it went in (None:
+    published plainly, answered on its token) with its sequence there."""
 
     item: Outgoing
     sent_at: float
@@ -34,3 +37,5 @@ class InFlight:
     token: str | None = None
     state: int = WAITING
     error: Exception | None = None
+    batch: FastBatch | None = None
+    batch_seq: int = 0

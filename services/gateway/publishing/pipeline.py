@@ -27,6 +27,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from services.gateway.publishing import fast_ingest
+from services.gateway.publishing.fast_ingest import Answer, FastBatch
 from services.gateway.publishing.nats_protocol import hpub
 from services.gateway.publishing.outgoing import InFlight
 from shared import natspy_internals
@@ -56,6 +58,8 @@ class ShardPublisher(Protocol):
 
     def check_overdue(self, sent_before: float, connection: int) -> None: ...
 
+    def batch_answered(self, batch_id: str, seq: int, answer: Answer | Exception) -> None: ...
+
 
 class PublishPipeline:
     """The gateway's one sender, acknowledgement inbox and watchdog for all shard publishers."""
@@ -64,6 +68,11 @@ class PublishPipeline:
         self.nc = nc
         self.ack_timeout_s = ack_timeout_s
         self.prefix = ""
+        self.fast_ingest = False
+        """Frames go to their stream in fast-ingest batches (it allows them: ``streams.py``); dead
+        letters, with headers of their own, are published plainly."""
+        self._batches: dict[str, ShardPublisher] = {}
+        """Open fast-ingest batches by id: whose answers they are."""
         self._sub: Subscription | None = None
         self._ready: dict[ShardPublisher, None] = {}
         """Publishers with frames queued and room in their window, in the order they became so."""
@@ -87,7 +96,7 @@ class PublishPipeline:
         if self._sub is not None:
             return
         prefix = f"{self.nc.new_inbox()}."
-        self._sub = await self.nc.subscribe(f"{prefix}*", cb=self._on_ack)
+        self._sub = await self.nc.subscribe(f"{prefix}>", cb=self._on_ack)
         # nats-py calls its disconnected callback once the old connection is closed and before
         # it reconnects (and flushes what it holds): chained here, whoever set it is still called.
         previous = self._previous_disconnected_cb = natspy_internals.disconnected_callback(self.nc)
@@ -151,12 +160,24 @@ class PublishPipeline:
         if token is not None:
             self._waiting.pop(token, None)
 
+    def end_batch(self, batch: FastBatch) -> None:
+        """``batch`` takes no more messages: its answers still to come are dropped."""
+        batch.ended = True
+        self._batches.pop(batch.id, None)
+
     async def publish(self, publisher: ShardPublisher, entry: InFlight) -> None:
-        """Publish one frame with a reply subject of the inbox (its token kept on ``entry``).
-        Raises what nats-py raises; the caller marks the frame failed."""
-        token = f"{next(self._numbers):x}"
-        entry.token = token
-        self._waiting[token] = (publisher, entry)
+        """Publish one frame with a reply subject of the inbox: its token kept on ``entry`` or,
+        in a fast-ingest batch, the batch's reply subject for its sequence. Raises what nats-py
+        raises; the caller marks the frame failed."""
+        if entry.batch is None:
+            token = f"{next(self._numbers):x}"
+            entry.token = token
+            self._waiting[token] = (publisher, entry)
+            reply = self.prefix + token
+        else:
+            token = None
+            self._batches[entry.batch.id] = publisher
+            reply = self.prefix + fast_ingest.reply_tail(entry.batch, entry.batch_seq)
         item = entry.item
         nc = self.nc
         try:
@@ -167,12 +188,12 @@ class PublishPipeline:
                 raise ConnectionError("NATS is not connected")
             if item.headers or len(item.data) > nc.max_payload - HEADER_ROOM:
                 await self.flush()  # what this pass queued goes first: the order holds
-                await nc.publish(item.subject, item.data, reply=self.prefix + token,
+                await nc.publish(item.subject, item.data, reply=reply,
                                  headers={"Nats-Msg-Id": item.msg_id, **(item.headers or {})})
             else:
-                self._add(hpub(item.subject, self.prefix + token, item.msg_id, item.data))
+                self._add(hpub(item.subject, reply, item.msg_id, item.data))
         except BaseException:
-            self._waiting.pop(token, None)
+            self.forget(token)
             raise
 
     def _forget_unsent(self) -> None:
@@ -229,11 +250,30 @@ class PublishPipeline:
                 publisher.check_overdue(late, connection)
 
     async def _on_ack(self, msg: Msg) -> None:
-        got = self._waiting.pop(msg.subject[len(self.prefix):], None)
+        tail = msg.subject[len(self.prefix):]
+        if tail.endswith(fast_ingest.SUFFIX):
+            self._on_batch_answer(tail, msg)
+            return
+        got = self._waiting.pop(tail, None)
         if got is None:
             return
         publisher, entry = got
         publisher.acknowledged(entry, _ack_error(msg))
+
+    def _on_batch_answer(self, tail: str, msg: Msg) -> None:
+        parsed = fast_ingest.parse_reply_tail(tail)
+        publisher = self._batches.get(parsed[0]) if parsed else None
+        if parsed is None or publisher is None:
+            return  # a batch that ended: its messages were recovered, or are being
+        answer: Answer | Exception
+        if msg.headers and msg.headers.get(nats.js.api.Header.STATUS) == NO_RESPONDERS:
+            answer = nats.js.errors.NoStreamResponseError()
+        else:
+            try:
+                answer = fast_ingest.parse_answer(msg.data)
+            except ValueError as exc:  # json's errors are ValueErrors too
+                answer = exc
+        publisher.batch_answered(parsed[0], parsed[1], answer)
 
 
 def _ack_error(msg: Msg) -> Exception | None:

@@ -22,6 +22,8 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
+from services.gateway.publishing import fast_ingest
+from services.gateway.publishing.fast_ingest import Answer, FastBatch
 from services.gateway.publishing.outgoing import FAILED, STORED, WAITING, InFlight, Outgoing
 from services.gateway.publishing.pipeline import PublishPipeline
 
@@ -52,6 +54,10 @@ drop frames in flight without a word — a leader change: 3–5 s with no leader
 those published once a new leader stands; held back, they go after the dropped ones, in order.
 Far above an answer's usual wait (milliseconds), far below an election's (seconds)
 (docs/gateway.md, "What a shard may rely on")."""
+
+PLAIN_AFTER_TOO_MANY_S = 30.0
+"""How long a shard publishes plainly after JetStream said it has as many fast-ingest batches
+open as it allows (docs/gateway.md, "What a shard may rely on")."""
 
 REFUSALS_BEFORE_DEAD_LETTER = 5
 """Times JetStream may refuse one message while NATS is up (not a timeout: an error answer)
@@ -99,6 +105,11 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
+_WAIT_FOR_THE_LAST_BATCH = FastBatch("", ended=True)
+"""What :meth:`ShardPublisher._batch_for` says while messages of an ended or idle batch are in
+flight: nothing more goes until they are answered or recovered."""
+
+
 class ShardPublisher:
     """An ordered, windowed, loss-free publisher for one shard's messages.
 
@@ -141,6 +152,13 @@ class ShardPublisher:
         it was dropped, or is stored later; the shard publishes nothing newer until it leaves."""
         self._recovery: asyncio.Task[None] | None = None
         self._stopped = False
+        self._batch: FastBatch | None = None
+        """The fast-ingest batch this shard's frames go in (``pipeline.fast_ingest``), None before
+        the first or after one ended."""
+        self._plain_until = 0.0
+        self.batches_cut = 0
+        """Fast-ingest batches JetStream ended before the shard did (a gap, a refusal, a batch it
+        forgot): what was in flight after the cut was published again, in order."""
 
     def has_room(self, item: Outgoing) -> bool:
         """True when :meth:`put` of ``item`` would queue it at once, without waiting."""
@@ -197,6 +215,7 @@ class ShardPublisher:
         if self.pending():
             log.warning("stopped with frames unpublished", extra={"pending": self.pending()})
         self._stopped = True
+        self._end_batch()
         self.pipeline.leave(self)
         if self._recovery is not None:
             self._recovery.cancel()
@@ -208,12 +227,19 @@ class ShardPublisher:
         """Publish queued frames while the window has room (the pipeline's sender calls this);
         how many."""
         sent = 0
-        loop = asyncio.get_running_loop()
+        now = asyncio.get_running_loop().time()
         connection = self.pipeline.connection()
-        if self._lost_with_a_connection(connection) or self.held_back(loop.time()):
+        if self._lost_with_a_connection(connection) or self.held_back(now):
             return 0
         while self.queue and len(self._in_flight) < self.window and self._recovery is None and not self._stopped:
-            entry = InFlight(self.queue.popleft(), loop.time(), connection)
+            batch = self._batch_for(self.queue[0], now)
+            if batch is not None and (batch.ended or (batch.last_seq and not batch.open)):
+                break  # the batch's first answer, or the recovery of the one that ended, comes first
+            entry = InFlight(self.queue.popleft(), now, connection)
+            if batch is not None:
+                batch.last_seq += 1
+                batch.last_sent_at = now
+                entry.batch, entry.batch_seq = batch, batch.last_seq
             self._in_flight.append(entry)
             sent += 1
             try:
@@ -222,6 +248,76 @@ class ShardPublisher:
                 self.acknowledged(entry, exc)
         self._maybe_room()
         return sent
+
+    def _batch_for(self, item: Outgoing, now: float) -> FastBatch | None:
+        """The fast-ingest batch ``item`` goes in (None: published plainly). A new batch starts
+        only when no message of another is in flight: JetStream keeps the order within a batch
+        only, so the next one starts behind everything the last one held. An ended batch that
+        still has messages in flight is returned ended: nothing goes until they are recovered."""
+        if not self.pipeline.fast_ingest or item.headers or now < self._plain_until:
+            return None
+        batch = self._batch
+        if batch is not None and batch.usable(now):
+            return batch
+        if any(entry.batch is not None for entry in self._in_flight):
+            return _WAIT_FOR_THE_LAST_BATCH
+        self._end_batch()
+        self._batch = FastBatch.new()
+        return self._batch
+
+    def _end_batch(self) -> None:
+        if self._batch is not None:
+            self.pipeline.end_batch(self._batch)
+            self._batch = None
+
+    def batch_answered(self, batch_id: str, seq: int, answer: Answer | Exception) -> None:
+        """JetStream's answer on the reply subject of message ``seq`` of a fast-ingest batch."""
+        batch = self._batch
+        if batch is None or batch.id != batch_id or self._recovery is not None:
+            return
+        if isinstance(answer, Answer) and answer.kind == "ack":
+            if not batch.open:
+                batch.open = True
+                if self.queue and not self._stopped:
+                    self.pipeline.ready(self)
+            self._settle_batch(batch, answer.seq, None)
+        elif isinstance(answer, Answer) and answer.kind == "stored":
+            # A server that does not know batches stored this message plainly: frames go plainly
+            # from now on (its order is then the hold's, as on any such server).
+            self.pipeline.fast_ingest = False
+            for entry in self._in_flight:
+                if entry.batch is batch and entry.batch_seq == seq and entry.state == WAITING:
+                    self._settle(entry, None)
+        else:
+            self._cut(batch, seq, answer)
+        self._advance()
+
+    def _cut(self, batch: FastBatch, seq: int, answer: Answer | Exception) -> None:
+        """JetStream ended ``batch`` (or its answer is not understood): what it says it stored is
+        stored, the rest of the batch in flight is published again, in order, by the recovery."""
+        stored_up_to = answer.seq if isinstance(answer, Answer) and answer.kind == "end" else 0
+        error = _cut_error(answer)
+        if isinstance(answer, Answer) and answer.kind == "refused" and answer.error:
+            if answer.error.get("err_code") == fast_ingest.DISABLED:
+                self.pipeline.fast_ingest = False
+            elif answer.error.get("err_code") == fast_ingest.TOO_MANY:
+                self._plain_until = asyncio.get_running_loop().time() + PLAIN_AFTER_TOO_MANY_S
+        self._end_batch()
+        self.batches_cut += 1
+        log.warning("JetStream ended a fast-ingest batch; the frames after the cut are published again in order",
+                    extra={"reason": describe(error), "seq": seq, "stored_up_to": stored_up_to})
+        self._settle_batch(batch, stored_up_to, None)
+        self._settle_batch(batch, None, error)
+
+    def _settle_batch(self, batch: FastBatch, up_to: int | None, error: Exception | None) -> None:
+        """Settle the waiting messages of ``batch`` up to batch sequence ``up_to`` (None: all)."""
+        for entry in self._in_flight:
+            if entry.batch is not batch:
+                continue
+            if up_to is not None and entry.batch_seq > up_to:
+                break  # in the window in batch order: the rest is later
+            if entry.state == WAITING:
+                self._settle(entry, error)
 
     def held_back(self, now: float) -> bool:
         """True while the oldest frame in flight is unanswered and either a later one was stored
@@ -237,12 +333,21 @@ class ShardPublisher:
         """JetStream's answer for ``entry`` (None: stored): frames leave the window in order."""
         if entry.state != WAITING:
             return
+        self._settle(entry, error)
+        self._advance()
+
+    def _settle(self, entry: InFlight, error: Exception | None) -> None:
         entry.state, entry.error = (STORED, None) if error is None else (FAILED, error)
-        if self._recovery is not None:
-            return  # the recovery publishes the whole window again and takes it off itself
         window = self._in_flight
         if error is None and window and window[0] is not entry and window[0].state == WAITING:
             self._overtaken = window[0]
+
+    def _advance(self) -> None:
+        """Take settled frames off the front of the window, in order; the first failed one starts
+        the recovery."""
+        if self._recovery is not None:
+            return  # the recovery publishes the whole window again and takes it off itself
+        window = self._in_flight
         while window and window[0].state != WAITING:
             front = window[0]
             if front.state == FAILED:
@@ -275,6 +380,7 @@ class ShardPublisher:
         return False
 
     def _recover(self, exc: Exception) -> None:
+        self._end_batch()
         for entry in self._in_flight:
             self.pipeline.forget(entry.token)
         self._recovery = asyncio.create_task(self._recover_in_order(exc))
@@ -385,6 +491,17 @@ class ShardPublisher:
             self.on_stored(item)
         except Exception:  # an acknowledgement to a closed shard must not stop publishing
             log.exception("on_stored failed")
+
+
+def _cut_error(answer: Answer | Exception) -> Exception:
+    """Why a batch's messages after a cut were not stored, as the recovery logs it."""
+    if isinstance(answer, Exception):
+        return answer
+    code, err_code = (answer.error or {}).get("code"), (answer.error or {}).get("err_code")
+    if isinstance(code, int):
+        return nats.js.errors.APIError(code=code, err_code=err_code if isinstance(err_code, int) else None,
+                                       description=str((answer.error or {}).get("description", ""))[:REASON_CHARS])
+    return ConnectionError(f"the fast-ingest batch was cut ({answer.kind} at {answer.seq})")
 
 
 def _log_crash(task: asyncio.Task[None]) -> None:

@@ -3,25 +3,62 @@ be one (dead letters), each de-duplicating by message id."""
 
 from __future__ import annotations
 
+import json
+import logging
+from typing import Any
+
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
-from nats.js.errors import BadRequestError
+from nats.js.errors import APIError, BadRequestError
 
 from services.gateway.settings import GatewaySettings
 from shared import natspy_internals, subjects
 
+log = logging.getLogger("shardbus.gateway")
 
-async def declare_streams(js: JetStreamContext, settings: GatewaySettings) -> None:
-    """Create (or update) the frames and dead-letter streams, de-duplicating by message id."""
+NAME_IN_USE = 10058
+"""JetStream's error code: a stream of that name exists with another configuration."""
+
+API_TIMEOUT_S = 5.0
+
+
+async def declare_streams(nc: Client, js: JetStreamContext, settings: GatewaySettings) -> bool:
+    """Create (or update) the frames and dead-letter streams, de-duplicating by message id; True
+    when the frames stream takes fast-ingest batches (``settings.fast_ingest`` and a server that
+    has them: nats-server 2.14 and later; docs/gateway.md, "What a shard may rely on")."""
     window = settings.duplicate_window_s
-    for name, subject in ((settings.frames_stream, subjects.FRAMES_WILDCARD),
-                          (settings.deadletter_stream, subjects.DEADLETTER_WILDCARD)):
-        config = StreamConfig(name=name, subjects=[subject], duplicate_window=window,
-                              num_replicas=settings.jetstream_replicas)
-        try:
-            await js.add_stream(config)
-        except BadRequestError:
-            await js.update_stream(config)
+    letters = StreamConfig(name=settings.deadletter_stream, subjects=[subjects.DEADLETTER_WILDCARD],
+                           duplicate_window=window, num_replicas=settings.jetstream_replicas)
+    try:
+        await js.add_stream(letters)
+    except BadRequestError:
+        await js.update_stream(letters)
+    frames = StreamConfig(name=settings.frames_stream, subjects=[subjects.FRAMES_WILDCARD],
+                          duplicate_window=window, num_replicas=settings.jetstream_replicas).as_dict()
+    # nats-py's StreamConfig has no allow_batched (nor keeps it from an answer): the request is
+    # written here. A server before 2.14 ignores the field and answers without it.
+    frames["allow_batched"] = settings.fast_ingest
+    answer = await _stream_request(nc, "CREATE", settings.frames_stream, frames)
+    if answer.get("error", {}).get("err_code") == NAME_IN_USE:
+        answer = await _stream_request(nc, "UPDATE", settings.frames_stream, frames)
+    if "error" in answer:
+        APIError.from_error(answer["error"])  # raises the error's class, as nats-py's add_stream
+    batched = bool(answer.get("config", {}).get("allow_batched"))
+    if settings.fast_ingest and not batched:
+        log.warning("nats-server does not take fast-ingest batches (2.14 and later do): frames are "
+                    "published plainly, and a leader change can break a shard's order",
+                    extra={"stream": settings.frames_stream})
     # nats-py sets up publish_async's reply subscription on first use, unguarded: two
     # shards publishing at once could each set it up and lose the other's acks.
     await natspy_internals.ensure_publish_async_reply(js)
+    return batched
+
+
+async def _stream_request(nc: Client, verb: str, name: str, config: dict[str, Any]) -> dict[str, Any]:
+    reply = await nc.request(f"$JS.API.STREAM.{verb}.{name}", json.dumps(config).encode(),
+                                 timeout=API_TIMEOUT_S)
+    answer = json.loads(reply.data)
+    if not isinstance(answer, dict):
+        raise ValueError(f"JetStream's answer to STREAM.{verb} is not a JSON object")
+    return answer

@@ -1,0 +1,198 @@
+"""Frames in JetStream fast-ingest batches keep their shard's order even when frames in flight
+together are dropped and a later one reaches the stream (docs/gateway.md, "What a shard may rely
+on"; ADR 0015), and the batches' wire is the server's.
+
+A frame is dropped in flight here as in tests/gateway/test_order_after_a_dropped_frame.py: it
+goes to a subject no stream takes yet, where a plain listener makes the publish vanish without
+an answer. Plainly published, the frames after it are stored ahead of it; in a batch, the stream
+finds the gap and stores none of them until the recovery has stored it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from services.gateway.publishing import fast_ingest
+from services.gateway.publishing.fast_ingest import FastBatch
+from services.gateway.publishing.outgoing import Outgoing
+from services.gateway.publishing.pipeline import PublishPipeline
+from services.gateway.publishing.publisher import ShardPublisher
+from services.gateway.publishing.streams import declare_streams
+from services.gateway.settings import GatewaySettings
+from tests.gateway.conftest import wait_until
+
+
+def _has_fast_ingest(nc) -> bool:
+    version = nc.connected_server_version
+    return (version.major, version.minor) >= (2, 14)
+
+
+@pytest.fixture
+def fast_ingest_server(nc) -> None:
+    if not _has_fast_ingest(nc):
+        pytest.skip(f"nats-server {nc.connected_server_version} has no fast-ingest batches (2.14 and later)")
+
+
+async def _stream(nc, name: str, subjects: list[str], verb: str = "CREATE") -> dict[str, Any]:
+    """Create (or update) a stream that takes batches; nats-py's StreamConfig has no
+    ``allow_batched``, so the request is written here as ``streams.py`` writes it."""
+    config = {"name": name, "subjects": subjects, "allow_batched": True, "storage": "file", "num_replicas": 1}
+    answer = json.loads((await nc.request(f"$JS.API.STREAM.{verb}.{name}", json.dumps(config).encode(),
+                                          timeout=5)).data)
+    assert "error" not in answer, answer
+    return answer
+
+
+async def _stored_in_stream(nc, stream: str) -> list[int]:
+    sub = await nc.jetstream().subscribe("", stream=stream, ordered_consumer=True)
+    found = []
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=1)
+            except TimeoutError:
+                return found
+            found.append(json.loads(msg.data)["i"])
+    finally:
+        await sub.unsubscribe()
+
+
+async def test_declare_streams_says_whether_frames_go_in_batches(nc, unique):
+    """On 2.14 and later the frames stream takes batches; on an older server (the suite also runs
+    on 2.9) the field is ignored, the answer says so, and frames are published plainly."""
+    settings = GatewaySettings(frames_stream=f"FRAMES_{unique}", deadletter_stream=f"LETTERS_{unique}")
+    js = nc.jetstream()
+    try:
+        assert await declare_streams(nc, js, settings) is _has_fast_ingest(nc)
+        assert await declare_streams(nc, js, settings) is _has_fast_ingest(nc)  # again: an update
+        off = settings.model_copy(update={"fast_ingest": False})
+        assert await declare_streams(nc, js, off) is False
+    finally:
+        for name in (settings.frames_stream, settings.deadletter_stream):
+            await js.delete_stream(name)
+
+
+async def test_the_server_answers_a_batch_as_the_gateway_reads_it(nc, unique, fast_ingest_server):
+    """The wire of ADR-50 as nats-server speaks it: the first message is answered before it is
+    stored, each one after it as it is stored, and a gap ends the batch at the last one before
+    it; a message for the ended batch is refused. (A new server that spoke otherwise fails here.)"""
+    subject = f"fi.{unique}.a"
+    await _stream(nc, f"FI_{unique}", [subject])
+    answers: list[tuple[tuple[str, int] | None, fast_ingest.Answer]] = []
+    prefix = nc.new_inbox() + "."
+
+    async def keep(msg) -> None:
+        answers.append((fast_ingest.parse_reply_tail(msg.subject[len(prefix):]), fast_ingest.parse_answer(msg.data)))
+
+    await nc.subscribe(prefix + ">", cb=keep)
+    batch = FastBatch.new()
+
+    async def send(seq: int) -> None:
+        await nc.publish(subject, b"%d" % seq, reply=prefix + fast_ingest.reply_tail(batch, seq),
+                         headers={"Nats-Msg-Id": f"{unique}-{seq}"})
+
+    for seq in (1, 2, 3):
+        await send(seq)
+    await send(5)  # 4 never sent: a gap
+    await wait_until(lambda: any(answer.kind == "end" for _, answer in answers), timeout=10)
+    await send(6)
+    await wait_until(lambda: answers[-1][1].kind == "refused", timeout=10)
+    kinds = [(where[1] if where else None, answer.kind, answer.seq) for where, answer in answers]
+    assert kinds[0] == (1, "ack", 0)  # the batch is open
+    assert [k for k in kinds if k[1] == "ack"][-1][2] == 3  # stored up to 3
+    assert (5, "gap", 5) in kinds and (5, "end", 3) in kinds
+    assert answers[-1][0] == (batch.id, 6)
+    assert answers[-1][1].error and answers[-1][1].error["err_code"] == 10208  # "batch publish ID unknown"
+    assert (await nc.jetstream().stream_info(f"FI_{unique}")).state.messages == 3
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["in-a-batch", "plainly"])
+async def test_frames_in_flight_after_a_dropped_one_are_stored_after_it(nc, unique, fast_ingest_server, batched):
+    """Frames 2–4 go in the same pass as frame 1, which is dropped. In a batch the stream stores
+    none of them before frame 1: [0, 1, 2, 3, 4]. Published plainly (before batches) they were
+    stored ahead of it: [0, 2, 3, 4, 1] — the order fault seen on hosts (seed 383573)."""
+    stream, dropped, kept = f"FI_{unique}", f"fi.{unique}.first", f"fi.{unique}.rest"
+    await _stream(nc, stream, [kept])
+    await nc.subscribe(dropped)  # a listener, not a stream: the publish vanishes without an answer
+    await nc.flush()
+    pipeline = PublishPipeline(nc, ack_timeout_s=5.0)
+    pipeline.fast_ingest = batched
+    await pipeline.start()
+    stored: list[Outgoing] = []
+    publisher = ShardPublisher(pipeline, nc.jetstream(), window=16, buffer=64, on_stored=stored.append)
+    publisher.hold_after_s = 60.0  # the half-second hold is out of reach: only the batch keeps order
+    publisher.start()
+
+    def frame(i: int, subject: str) -> Outgoing:
+        return Outgoing(subject, b'{"i":%d}' % i, f"{unique}-{i}", ack_seq=i)
+
+    try:
+        publisher.put_nowait(frame(0, kept))
+        await wait_until(lambda: len(stored) == 1, timeout=10)  # the batch is open
+        for item in (frame(1, dropped), frame(2, kept), frame(3, kept), frame(4, kept)):
+            publisher.put_nowait(item)  # one pass: all four in flight together
+        # Made to happen: the stream has answered about 2–4 (the batch cut at the gap; plainly,
+        # stored while 1 waits) before the stream takes frame 1's subject.
+        await wait_until(lambda: publisher.batches_cut == 1 if batched else _stored_ahead(publisher), timeout=10)
+        await _stream(nc, stream, [kept, dropped], verb="UPDATE")
+        await wait_until(lambda: len(stored) == 5, timeout=20)
+        order = await _stored_in_stream(nc, stream)
+        assert [item.ack_seq for item in stored] == [0, 1, 2, 3, 4]  # acknowledged in order, once each
+        if batched:
+            assert order == [0, 1, 2, 3, 4] and publisher.stored_out_of_order == 0
+        else:
+            assert order == [0, 2, 3, 4, 1] and publisher.stored_out_of_order == 1
+    finally:
+        await publisher.stop(drain_timeout_s=0)
+        await pipeline.stop()
+
+
+def _stored_ahead(publisher: ShardPublisher) -> bool:
+    """Plainly: frames 2–4 were answered "stored" while frame 1 waits."""
+    window = list(publisher._in_flight)
+    return len(window) == 4 and all(entry.state == 1 for entry in window[1:])
+
+
+async def test_a_batch_the_server_forgot_is_recovered_and_a_new_one_started(nc, unique, fast_ingest_server):
+    """A shard silent longer than a batch lives on the server (10 s) sends its next frame in a
+    batch the server forgot: refused ("batch publish ID unknown"), published again, and the next
+    frames go in a new batch. Here the batch is forgotten by deleting the stream's batches: the
+    stream is recreated between two frames."""
+    stream, subject = f"FI_{unique}", f"fi.{unique}.a"
+    await _stream(nc, stream, [subject])
+    pipeline = PublishPipeline(nc, ack_timeout_s=5.0)
+    pipeline.fast_ingest = True
+    await pipeline.start()
+    stored: list[Outgoing] = []
+    publisher = ShardPublisher(pipeline, nc.jetstream(), window=16, buffer=64, on_stored=stored.append)
+    publisher.start()
+    try:
+        publisher.put_nowait(Outgoing(subject, b'{"i":0}', f"{unique}-0", ack_seq=0))
+        await wait_until(lambda: len(stored) == 1, timeout=10)
+        first = publisher._batch
+        await nc.jetstream().delete_stream(stream)
+        await _stream(nc, stream, [subject])
+        for i in (1, 2, 3):
+            publisher.put_nowait(Outgoing(subject, b'{"i":%d}' % i, f"{unique}-{i}", ack_seq=i))
+        await wait_until(lambda: len(stored) == 4, timeout=20)
+        assert publisher.batches_cut == 1
+        assert await _stored_in_stream(nc, stream) == [1, 2, 3]
+        publisher.put_nowait(Outgoing(subject, b'{"i":4}', f"{unique}-4", ack_seq=4))
+        await wait_until(lambda: len(stored) == 5, timeout=10)
+        assert publisher._batch is not None and publisher._batch is not first
+        assert await _stored_in_stream(nc, stream) == [1, 2, 3, 4]
+    finally:
+        await publisher.stop(drain_timeout_s=0)
+        await pipeline.stop()
+
+
+def test_answers_outside_adr_50_are_errors_not_guesses() -> None:
+    for data in (b"[]", b'{"type":"ack"}', b'{"type":"ack","seq":-1}', b'{"stream":"S","batch":"b"}', b'{}'):
+        with pytest.raises(ValueError):
+            fast_ingest.parse_answer(data)
+    assert fast_ingest.parse_answer(b'{"stream":"S","seq":4}').kind == "stored"  # a server without batches
+    assert fast_ingest.parse_reply_tail("0" * 32 + ".1.fail.3.1.$FI") == ("0" * 32, 3)
+    for tail in ("x.1.fail.3.1.$FI", "0" * 32 + ".1.fail.0.1.$FI", "0" * 32 + ".1.ok.3.1.$FI", "abc"):
+        assert fast_ingest.parse_reply_tail(tail) is None
