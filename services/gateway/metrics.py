@@ -59,6 +59,12 @@ def collector(gateway: Callable[[], Gateway | None]) -> Callable[[], Iterator[Me
                                   "frame of their shard (a leader change dropped them in flight; docs/gateway.md, "
                                   "\"What a shard may rely on\").",
                                   value=sum(pub.stored_out_of_order for pub in publishers))
+        yield CounterMetricFamily(f"{NAME}fast_ingest_batches_cut", "Fast-ingest batches JetStream ended before "
+                                  "the shard did (a gap, a refusal, a batch it forgot); what followed the cut was "
+                                  "published again in order.", value=sum(pub.batches_cut for pub in publishers))
+        yield _gauge("fast_ingest", "1 when frames go to their stream in fast-ingest batches (nats-server 2.14 "
+                     "and later, SHARDBUS_FAST_INGEST), which keep each shard's order; 0 when published plainly.",
+                     1 if served and served.pipeline.fast_ingest else 0)
         yield _gauge("unread_bytes", "Bytes written to shards and not yet taken by them.",
                      sum(link.unsent_bytes() for link in links.values() if not link.closed))
         now = time.time()

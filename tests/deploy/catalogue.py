@@ -33,6 +33,8 @@ _OURS: dict[str, tuple[str, ...]] = {
     "shardbus_gateway_frames_given_up_total": (),
     "shardbus_gateway_frames_stored_out_of_order_total": (),
     "shardbus_gateway_publish_resends_total": (),
+    "shardbus_gateway_fast_ingest_batches_cut_total": (),
+    "shardbus_gateway_fast_ingest": (),
     "shardbus_gateway_unread_bytes": (),
     "shardbus_gateway_reads_paused_total": (),
     "shardbus_gateway_shard_last_frame_timestamp_seconds": ("shard",),

@@ -9,9 +9,11 @@ finds the gap and stores none of them until the recovery has stored it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
+import nats
 import pytest
 
 from services.gateway.publishing import fast_ingest
@@ -21,6 +23,7 @@ from services.gateway.publishing.pipeline import PublishPipeline
 from services.gateway.publishing.publisher import ShardPublisher
 from services.gateway.publishing.streams import declare_streams
 from services.gateway.settings import GatewaySettings
+from shardbus import embedded
 from tests.gateway.conftest import wait_until
 
 
@@ -196,3 +199,71 @@ def test_answers_outside_adr_50_are_errors_not_guesses() -> None:
     assert fast_ingest.parse_reply_tail("0" * 32 + ".1.fail.3.1.$FI") == ("0" * 32, 3)
     for tail in ("x.1.fail.3.1.$FI", "0" * 32 + ".1.fail.0.1.$FI", "0" * 32 + ".1.ok.3.1.$FI", "abc"):
         assert fast_ingest.parse_reply_tail(tail) is None
+
+
+async def test_a_shard_beyond_the_streams_open_batches_publishes_plainly(tmp_path, unique):
+    """A server allowing one open batch a stream: the second shard is refused a batch ("too many
+    inflight", 10211), publishes plainly for a while, and loses nothing; the first keeps its batch."""
+    conf = tmp_path / "limits.conf"
+    conf.write_text("jetstream { limits { batch { max_inflight_per_stream: 1 } } }\n")
+    server = embedded.start_nats(tmp_path / "nats", extra_args=("-c", str(conf)))
+    nc = await nats.connect(server.url)
+    pipeline = PublishPipeline(nc, ack_timeout_s=5.0)
+    pipeline.fast_ingest = True
+    publishers: list[ShardPublisher] = []
+    stored: dict[int, list[Outgoing]] = {0: [], 1: []}
+    try:
+        await _stream(nc, f"FI_{unique}", [f"fi.{unique}.>"])
+        await pipeline.start()
+        for shard in (0, 1):
+            publishers.append(ShardPublisher(pipeline, nc.jetstream(), window=16, buffer=64,
+                                             on_stored=stored[shard].append))
+            publishers[-1].start()
+            for i in range(5):
+                publishers[-1].put_nowait(Outgoing(f"fi.{unique}.{shard}", b'{"i":%d}' % i,
+                                                   f"{unique}-{shard}-{i}", ack_seq=i))
+            await wait_until(lambda shard=shard: len(stored[shard]) == 5, timeout=15)
+        first, second = publishers
+        assert first._batch is not None and first.batches_cut == 0
+        assert second.batches_cut == 1 and second._plain_until > 0 and second._batch is None
+        assert [item.ack_seq for item in stored[1]] == [0, 1, 2, 3, 4]
+        assert (await nc.jetstream().stream_info(f"FI_{unique}")).state.messages == 10
+    finally:
+        for publisher in publishers:
+            await publisher.stop(drain_timeout_s=0)
+        await pipeline.stop()
+        await nc.close()
+        server.stop()
+
+
+async def test_an_idle_batch_is_ended_on_the_server_before_the_next_starts(tmp_path, unique, monkeypatch):
+    """A shard quiet for longer than ``fast_ingest.IDLE_S`` starts a new batch and ends the old one
+    on the server (a message it does not store): on a server allowing one open batch a stream,
+    the new one is not refused (before, it was: "too many inflight", the shard then plain)."""
+    monkeypatch.setattr(fast_ingest, "IDLE_S", 0.3)
+    conf = tmp_path / "limits.conf"
+    conf.write_text("jetstream { limits { batch { max_inflight_per_stream: 1 } } }\n")
+    server = embedded.start_nats(tmp_path / "nats", extra_args=("-c", str(conf)))
+    nc = await nats.connect(server.url)
+    pipeline = PublishPipeline(nc, ack_timeout_s=5.0)
+    pipeline.fast_ingest = True
+    stored: list[Outgoing] = []
+    publisher = ShardPublisher(pipeline, nc.jetstream(), window=16, buffer=64, on_stored=stored.append)
+    try:
+        await _stream(nc, f"FI_{unique}", [f"fi.{unique}.>"])
+        await pipeline.start()
+        publisher.start()
+        batches = []
+        for i in range(3):
+            publisher.put_nowait(Outgoing(f"fi.{unique}.a", b'{"i":%d}' % i, f"{unique}-{i}", ack_seq=i))
+            await wait_until(lambda i=i: len(stored) == i + 1, timeout=10)
+            batches.append(publisher._batch)
+            await asyncio.sleep(0.5)  # idle past IDLE_S
+        assert publisher.batches_cut == 0 and publisher._plain_until == 0
+        assert len({id(batch) for batch in batches}) == 3 and all(batches)
+        assert await _stored_in_stream(nc, f"FI_{unique}") == [0, 1, 2]
+    finally:
+        await publisher.stop(drain_timeout_s=0)
+        await pipeline.stop()
+        await nc.close()
+        server.stop()

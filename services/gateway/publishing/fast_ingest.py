@@ -27,16 +27,18 @@ from dataclasses import dataclass
 SUFFIX = ".$FI"
 """How a reply subject says "fast-ingest batch" to the server."""
 
-OP_START, OP_APPEND = 0, 1
-"""The batch operations the gateway uses: the first message, and each one after it."""
+OP_START, OP_APPEND, OP_END = 0, 1, 3
+"""The batch operations the gateway uses: the first message, each one after it, and the end of a
+batch by a message that is not stored (EOB)."""
 
 FLOW = 1
 """Answers asked for: one every message, so each frame is acknowledged to its shard as soon as it
 is stored (the server may only lower the rate it is asked for: it never goes above 1)."""
 
 IDLE_S = 5.0
-"""A batch unused this long is not used again: the server forgets one after 10 s without a
-message, and a message for a batch it forgot is refused ("batch publish ID unknown")."""
+"""A batch unused this long is ended and not used again: the server forgets one after 10 s without
+a message, and a message for a batch it forgot is refused ("batch publish ID unknown"). Ended, it
+no longer counts against the stream's open batches (1,000), which quiet shards would fill."""
 
 DISABLED = 10205
 """JetStream's error code: the stream does not allow batches (``allow_batched``)."""
@@ -56,6 +58,8 @@ class FastBatch:
     whether it ended (nothing more is sent in it)."""
 
     id: str
+    subject: str = ""
+    """The subject of its last message: where the message that ends it goes."""
     last_seq: int = 0
     open: bool = False
     ended: bool = False
@@ -74,6 +78,11 @@ def reply_tail(batch: FastBatch, seq: int) -> str:
     """The reply subject after the inbox prefix for message ``seq`` of ``batch``."""
     op = OP_START if seq == 1 else OP_APPEND
     return f"{batch.id}.{FLOW}.fail.{seq}.{op}{SUFFIX}"
+
+
+def end_tail(batch: FastBatch) -> str:
+    """The reply subject after the inbox prefix of the message that ends ``batch`` (not stored)."""
+    return f"{batch.id}.{FLOW}.fail.{batch.last_seq + 1}.{OP_END}{SUFFIX}"
 
 
 def parse_reply_tail(tail: str) -> tuple[str, int] | None:

@@ -27,6 +27,11 @@ def hpub(subject: str, reply: str, msg_id: str, data: bytes) -> bytes:
                                                len(head) + len(data), head, data)
 
 
+def pub(subject: str, reply_to: str, data: bytes) -> bytes:
+    """A PUB command with a reply subject and no headers (a fast-ingest batch's end)."""
+    return b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply_to.encode(), len(data), data)
+
+
 def reply(subject: str, data: bytes, headers: dict[str, str] | None, max_payload: int) -> bytes | None:
     """A reply's PUB (or HPUB, with the request's headers) command; None when nats-py's own
     checks should have their say (a header or subject it would refuse, a reply too large)."""

@@ -29,7 +29,7 @@ from nats.aio.subscription import Subscription
 
 from services.gateway.publishing import fast_ingest
 from services.gateway.publishing.fast_ingest import Answer, FastBatch
-from services.gateway.publishing.nats_protocol import hpub
+from services.gateway.publishing.nats_protocol import hpub, pub
 from services.gateway.publishing.outgoing import InFlight
 from shared import natspy_internals
 from shared.nats_calls import HEADER_ROOM  # headers' room under max_payload (Nats-Msg-Id, Shardbus-Reason)
@@ -160,10 +160,15 @@ class PublishPipeline:
         if token is not None:
             self._waiting.pop(token, None)
 
-    def end_batch(self, batch: FastBatch) -> None:
-        """``batch`` takes no more messages: its answers still to come are dropped."""
+    def end_batch(self, batch: FastBatch, *, tell_the_server: bool = False) -> None:
+        """``batch`` takes no more messages: its answers still to come are dropped. Told, the
+        server ends it too (a message it does not store), so that it stops counting against the
+        stream's open batches; the answer is not awaited (a batch it forgot answers an error)."""
         batch.ended = True
         self._batches.pop(batch.id, None)
+        if tell_the_server and batch.open and batch.subject and self.nc.is_connected:
+            self._add(pub(batch.subject, self.prefix + fast_ingest.end_tail(batch), b""))
+            self._wake.set()
 
     async def publish(self, publisher: ShardPublisher, entry: InFlight) -> None:
         """Publish one frame with a reply subject of the inbox: its token kept on ``entry`` or,

@@ -215,7 +215,7 @@ class ShardPublisher:
         if self.pending():
             log.warning("stopped with frames unpublished", extra={"pending": self.pending()})
         self._stopped = True
-        self._end_batch()
+        self._end_batch(tell_the_server=not self._in_flight)
         self.pipeline.leave(self)
         if self._recovery is not None:
             self._recovery.cancel()
@@ -238,7 +238,7 @@ class ShardPublisher:
             entry = InFlight(self.queue.popleft(), now, connection)
             if batch is not None:
                 batch.last_seq += 1
-                batch.last_sent_at = now
+                batch.last_sent_at, batch.subject = now, entry.item.subject
                 entry.batch, entry.batch_seq = batch, batch.last_seq
             self._in_flight.append(entry)
             sent += 1
@@ -261,13 +261,13 @@ class ShardPublisher:
             return batch
         if any(entry.batch is not None for entry in self._in_flight):
             return _WAIT_FOR_THE_LAST_BATCH
-        self._end_batch()
+        self._end_batch(tell_the_server=True)
         self._batch = FastBatch.new()
         return self._batch
 
-    def _end_batch(self) -> None:
+    def _end_batch(self, *, tell_the_server: bool = False) -> None:
         if self._batch is not None:
-            self.pipeline.end_batch(self._batch)
+            self.pipeline.end_batch(self._batch, tell_the_server=tell_the_server)
             self._batch = None
 
     def batch_answered(self, batch_id: str, seq: int, answer: Answer | Exception) -> None:
@@ -304,8 +304,10 @@ class ShardPublisher:
                 self._plain_until = asyncio.get_running_loop().time() + PLAIN_AFTER_TOO_MANY_S
         self._end_batch()
         self.batches_cut += 1
+        subject = next((entry.item.subject for entry in self._in_flight if entry.batch is batch), None)
         log.warning("JetStream ended a fast-ingest batch; the frames after the cut are published again in order",
-                    extra={"reason": describe(error), "seq": seq, "stored_up_to": stored_up_to})
+                    extra={"reason": describe(error), "subject": subject, "batch_seq": seq,
+                           "stored_up_to": stored_up_to})
         self._settle_batch(batch, stored_up_to, None)
         self._settle_batch(batch, None, error)
 
