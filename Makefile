@@ -197,8 +197,7 @@ test-link-model: $(STAMP)
 
 # The hosts scenarios' short form, for CI (docs/reliability.md, "Hosts", "The short form"): the
 # few marked `hosts_short` (a partition, a node isolated, a kill during a partition, a lossy
-# link, a gateway host isolated), about 4 minutes on 2 cores, under 10 (not in .ci/run: docs/reliability.md,
-# "The short form"). A fresh
+# link, a gateway host isolated), about 4 minutes on 2 cores, under 10; .ci/run runs it. A fresh
 # seed each run, printed with every scenario: SHARDBUS_HOSTS_SEED=<n> make test-hosts-short replays one.
 .PHONY: test-hosts-short
 test-hosts-short: $(STAMP) iptables

@@ -11,14 +11,15 @@ from itertools import pairwise
 from typing import Any
 
 COMMAND_STATUSES = frozenset({200, 503, 504})
-"""What the website host's ``item.catalog`` may be answered (docs/contracts.md, "The gateway's own
-answers": 503 no shard connected or it left while the command waited, 504 no answer within
-``SHARDBUS_COMMAND_TIMEOUT_S``); 400 and 409 need a request it never sends."""
+"""What the website host's ``item.catalog`` may be answered, on its subject or through the web
+door's route (docs/contracts.md, "The gateway's own answers"; docs/web.md, "Statuses and the door's
+own answers": 503 no shard connected, it left while the command waited, or the door's NATS is
+reconnecting; 504 no answer in time); 400 and 409 need a request it never sends."""
 
-NO_REPLY = frozenset({"timeout", "no responders"})
+NO_REPLY = frozenset({"timeout", "no responders", "connection lost"})
 """A command with no reply at all: "no responders" is the 503 of the command plane; a timeout is a
-request or reply lost in the network (docs/contracts.md): both transient, counted, allowed
-during a fault."""
+request or reply lost in the network (docs/contracts.md), as is an HTTP connection to the door
+that broke: transient, counted, allowed during a fault."""
 
 CALM_COMMANDS = 5
 """The last commands of each shard, sent once healed and drained: each must be answered 200."""
@@ -85,21 +86,32 @@ def check_commands(verdict: Verdict, outcomes: list[dict[str, Any]], shards: lis
     """``outcomes``: every command the website host sent, in order (``website_host.py``'s lines).
     The promises (docs/contracts.md, "The gateway's own answers"): a command is answered with a
     documented status or not at all (the network lost it: a timeout, no responders), never with
-    anything else; and once healed every command is answered 200 again (none stuck)."""
+    anything else; and once healed every command is answered 200 again (none stuck) — through NATS
+    and through the web door each (an outcome without ``via`` is through NATS)."""
     for shard in shards:
-        mine = [o for o in outcomes if o.get("shard") == shard]
-        for o in mine:
-            verdict.commands[str(o["status"] if o.get("status") is not None else o.get("error"))] += 1
-        odd = [(k, o) for k, o in enumerate(mine)
-               if o.get("status") is not None and o["status"] not in COMMAND_STATUSES]
-        verdict.add(shard, "commands answered with an undocumented status", [k for k, _ in odd],
-                    [f"#{k}: {o['status']}" for k, o in odd])
-        failed = [(k, o) for k, o in enumerate(mine) if o.get("status") is None and o.get("error") not in NO_REPLY]
-        verdict.add(shard, "commands failed otherwise than with no reply", [k for k, _ in failed],
-                    [f"#{k}: {o.get('error')}" for k, o in failed])
-        if len(mine) < CALM_COMMANDS:
-            verdict.violations.append(f"{shard}: only {len(mine)} commands sent, fewer than {CALM_COMMANDS}")
-            continue
-        calm = [(k, o) for k, o in enumerate(mine) if k >= len(mine) - CALM_COMMANDS and o.get("status") != 200]
-        verdict.add(shard, f"commands not answered 200 once healed (the last {CALM_COMMANDS})", [k for k, _ in calm],
-                    [f"#{k}: {o.get('status') or o.get('error')}" for k, o in calm])
+        for via in sorted({o.get("via", "nats") for o in outcomes if o.get("shard") == shard} | {"nats"}):
+            mine = [o for o in outcomes if o.get("shard") == shard and o.get("via", "nats") == via]
+            if via == "nats":
+                _check_one_way(verdict, shard, "", mine)
+            else:
+                _check_one_way(verdict, f"{shard} via {via}", f"{via} ", mine)
+
+
+def _check_one_way(verdict: Verdict, shard: str, way: str, mine: list[dict[str, Any]]) -> None:
+    """The commands of one shard sent one way (through NATS, or through the door: counted as
+    ``door 200``…), in order."""
+    for o in mine:
+        verdict.commands[way + str(o["status"] if o.get("status") is not None else o.get("error"))] += 1
+    odd = [(k, o) for k, o in enumerate(mine)
+           if o.get("status") is not None and o["status"] not in COMMAND_STATUSES]
+    verdict.add(shard, "commands answered with an undocumented status", [k for k, _ in odd],
+                [f"#{k}: {o['status']}" for k, o in odd])
+    failed = [(k, o) for k, o in enumerate(mine) if o.get("status") is None and o.get("error") not in NO_REPLY]
+    verdict.add(shard, "commands failed otherwise than with no reply", [k for k, _ in failed],
+                [f"#{k}: {o.get('error')}" for k, o in failed])
+    if len(mine) < CALM_COMMANDS:
+        verdict.violations.append(f"{shard}: only {len(mine)} commands sent, fewer than {CALM_COMMANDS}")
+        return
+    calm = [(k, o) for k, o in enumerate(mine) if k >= len(mine) - CALM_COMMANDS and o.get("status") != 200]
+    verdict.add(shard, f"commands not answered 200 once healed (the last {CALM_COMMANDS})", [k for k, _ in calm],
+                [f"#{k}: {o.get('status') or o.get('error')}" for k, o in calm])

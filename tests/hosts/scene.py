@@ -1,5 +1,6 @@
 """One hosts scenario from start to verdict (docs/reliability.md, "Hosts"), shared by every
-scenario file: the hosts, the cluster, the gateway and the shard host; a nemesis acting on them
+scenario file: the hosts, the cluster, the gateway, the shard host, the web door and the website
+host commanding the shards through NATS and through the door; a nemesis acting on them
 once frames flow; the shards' drain, the streams read through their leader, and the checker.
 
 A scenario given a :class:`~tests.hosts.nemesis.Schedule` (the seeded ones of
@@ -23,8 +24,10 @@ from nats.aio.client import Client
 from shared import subjects
 from tests.hosts import harness
 from tests.hosts.checker import CALM_COMMANDS, check, check_commands
+from tests.hosts.door import Door, start_door
 from tests.hosts.net import Host, Hosts
 from tests.hosts.shard_host import KIND as TICK
+from tests.hosts.website_host import DOOR_TOKEN_VARIABLE
 
 if TYPE_CHECKING:
     from tests.hosts.nemesis import Schedule
@@ -206,25 +209,27 @@ checker's calm ones; longer is a command stuck)."""
 
 
 def start_website(processes: harness.Processes, host: Host, nodes: list[harness.Node],
-                  workdir: Path) -> tuple[harness.Started, Path]:
+                  workdir: Path, door: Door) -> tuple[harness.Started, Path]:
     """The website host (``website_host.py``) on ``host``, commanding every shard through every
-    node; its outcomes go to the returned file, line by line."""
+    node and through the web door; its outcomes go to the returned file, line by line."""
     out = workdir / "commands.jsonl"
     handle = processes.start("website", host, [
         sys.executable, "-m", "tests.hosts.website_host", "--nats", ",".join(n.url for n in nodes),
         "--shards", ",".join(SHARD_NAMES), "--every", str(COMMAND_EVERY_S),
-        "--timeout", str(COMMAND_WAIT_S), "--out", str(out)],
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+        "--timeout", str(COMMAND_WAIT_S), "--door", door.url, "--door-ca", str(door.ca), "--out", str(out)],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), DOOR_TOKEN_VARIABLE: door.token})
     return handle, out
 
 
 def calm(outcomes: list[dict[str, Any]], since: float) -> bool:
-    """Each shard's last ``CALM_COMMANDS`` commands were sent after ``since`` (the machine's
-    monotonic clock) and answered 200."""
+    """Each shard's last ``CALM_COMMANDS`` commands, through NATS and through the door, were sent
+    after ``since`` (the machine's monotonic clock) and answered 200."""
     for shard in SHARD_NAMES:
-        last = [o for o in outcomes if o.get("shard") == shard][-CALM_COMMANDS:]
-        if len(last) < CALM_COMMANDS or not all(o.get("status") == 200 and o.get("at", 0) >= since for o in last):
-            return False
+        for via in ("nats", "door"):
+            last = [o for o in outcomes if o.get("shard") == shard and o.get("via", "nats") == via][-CALM_COMMANDS:]
+            if len(last) < CALM_COMMANDS or not all(o.get("status") == 200 and o.get("at", 0) >= since
+                                                    for o in last):
+                return False
     return True
 
 
@@ -257,6 +262,7 @@ async def run_scenario(tmp_path: Path, name: str, nemesis: Nemesis, *, schedule:
             try:
                 nats_hosts = [hosts.add(f"nats{i}") for i in (1, 2, 3)]
                 gw_host, shard_host, web_host = hosts.add("gw"), hosts.add("shards"), hosts.add("website")
+                door_host = hosts.add("door")
                 gw_hosts = [gw_host, *(hosts.add(f"gw{k + 1}") for k in range(1, gateways))]
                 if gateways > 1:
                     gateway_settings = {"ping_every_s": "1", **gateway_settings}
@@ -295,7 +301,8 @@ async def run_scenario(tmp_path: Path, name: str, nemesis: Nemesis, *, schedule:
                         "--linger-until", str(linger)],
                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
                     await wait_for("frames acknowledged on every shard", lambda: flowing(progress(prog)), 60)
-                    website, commands_out = start_website(processes, web_host, nodes, tmp_path)
+                    door = start_door(processes, door_host, nodes, tmp_path)
+                    website, commands_out = start_website(processes, web_host, nodes, tmp_path, door)
 
                     if schedule is not None:
                         schedule.begin()

@@ -66,3 +66,13 @@ def test_commands_still_failing_once_healed_are_named() -> None:
 def test_a_shard_hardly_commanded_proves_nothing() -> None:
     verdict = commands_verdict(commands(200))
     assert verdict.violations == [f"h0: only 1 commands sent, fewer than {CALM_COMMANDS}"]
+
+
+def test_commands_through_the_door_are_held_to_the_same_promises_on_their_own() -> None:
+    """The door's way is judged by itself: its last commands must be answered 200 too, whatever
+    the NATS way's are, and its broken connections count as no reply."""
+    door = [{**o, "via": "door"} for o in commands(503, "connection lost", *[200] * (CALM_COMMANDS - 1), 504)]
+    verdict = commands_verdict(commands(*[200] * CALM_COMMANDS) + door)
+    assert verdict.violations == [f"h0 via door: commands not answered 200 once healed (the last {CALM_COMMANDS}): "
+                                  f"1 (#{CALM_COMMANDS + 1}: 504)"]
+    assert verdict.commands["door connection lost"] == 1 and verdict.commands["200"] == CALM_COMMANDS
