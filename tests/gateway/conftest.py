@@ -4,6 +4,7 @@ nats-server (fast to start, and its state is inspectable), and shard simulators 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -112,6 +113,22 @@ async def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> Non
     async with asyncio.timeout(timeout):
         while not condition():
             await asyncio.sleep(0.01)
+
+
+async def stored_in_stream(nc: nats.NATS, stream: str) -> list[Any]:
+    """The ``"i"`` of every message in ``stream``, in the stream's order (read to its end: no
+    message for 1 s)."""
+    sub = await nc.jetstream().subscribe("", stream=stream, ordered_consumer=True)
+    found = []
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=1)
+            except TimeoutError:
+                return found
+            found.append(json.loads(msg.data)["i"])
+    finally:
+        await sub.unsubscribe()
 
 
 async def collect(nc: nats.NATS, subject: str, count: int, timeout: float = 10.0,

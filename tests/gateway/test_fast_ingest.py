@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
@@ -24,7 +25,7 @@ from services.gateway.publishing.publisher import ShardPublisher
 from services.gateway.publishing.streams import declare_streams
 from services.gateway.settings import GatewaySettings
 from shardbus import embedded
-from tests.gateway.conftest import wait_until
+from tests.gateway.conftest import stored_in_stream, wait_until
 
 
 def _has_fast_ingest(nc) -> bool:
@@ -46,20 +47,6 @@ async def _stream(nc, name: str, subjects: list[str], verb: str = "CREATE") -> d
                                           timeout=5)).data)
     assert "error" not in answer, answer
     return answer
-
-
-async def _stored_in_stream(nc, stream: str) -> list[int]:
-    sub = await nc.jetstream().subscribe("", stream=stream, ordered_consumer=True)
-    found = []
-    try:
-        while True:
-            try:
-                msg = await sub.next_msg(timeout=1)
-            except TimeoutError:
-                return found
-            found.append(json.loads(msg.data)["i"])
-    finally:
-        await sub.unsubscribe()
 
 
 async def test_declare_streams_says_whether_frames_go_in_batches(nc, unique):
@@ -141,7 +128,7 @@ async def test_frames_in_flight_after_a_dropped_one_are_stored_after_it(nc, uniq
         await wait_until(lambda: publisher.batches_cut == 1 if batched else _stored_ahead(publisher), timeout=10)
         await _stream(nc, stream, [kept, dropped], verb="UPDATE")
         await wait_until(lambda: len(stored) == 5, timeout=20)
-        order = await _stored_in_stream(nc, stream)
+        order = await stored_in_stream(nc, stream)
         assert [item.ack_seq for item in stored] == [0, 1, 2, 3, 4]  # acknowledged in order, once each
         if batched:
             assert order == [0, 1, 2, 3, 4] and publisher.stored_out_of_order == 0
@@ -181,11 +168,11 @@ async def test_a_batch_the_server_forgot_is_recovered_and_a_new_one_started(nc, 
             publisher.put_nowait(Outgoing(subject, b'{"i":%d}' % i, f"{unique}-{i}", ack_seq=i))
         await wait_until(lambda: len(stored) == 4, timeout=20)
         assert publisher.batches_cut == 1
-        assert await _stored_in_stream(nc, stream) == [1, 2, 3]
+        assert await stored_in_stream(nc, stream) == [1, 2, 3]
         publisher.put_nowait(Outgoing(subject, b'{"i":4}', f"{unique}-4", ack_seq=4))
         await wait_until(lambda: len(stored) == 5, timeout=10)
         assert publisher._batch is not None and publisher._batch is not first
-        assert await _stored_in_stream(nc, stream) == [1, 2, 3, 4]
+        assert await stored_in_stream(nc, stream) == [1, 2, 3, 4]
     finally:
         await publisher.stop(drain_timeout_s=0)
         await pipeline.stop()
@@ -201,20 +188,35 @@ def test_answers_outside_adr_50_are_errors_not_guesses() -> None:
         assert fast_ingest.parse_reply_tail(tail) is None
 
 
-async def test_a_shard_beyond_the_streams_open_batches_publishes_plainly(tmp_path, unique):
-    """A server allowing one open batch a stream: the second shard is refused a batch ("too many
-    inflight", 10211), publishes plainly for a while, and loses nothing; the first keeps its batch."""
+@pytest.fixture
+async def one_batch_a_stream(tmp_path, unique) -> AsyncIterator[tuple[Any, PublishPipeline]]:
+    """A nats-server of the test's own allowing one open batch a stream, the stream
+    ``FI_<unique>`` taking ``fi.<unique>.>``, and a started pipeline sending in batches."""
     conf = tmp_path / "limits.conf"
     conf.write_text("jetstream { limits { batch { max_inflight_per_stream: 1 } } }\n")
     server = embedded.start_nats(tmp_path / "nats", extra_args=("-c", str(conf)))
-    nc = await nats.connect(server.url)
-    pipeline = PublishPipeline(nc, ack_timeout_s=5.0)
-    pipeline.fast_ingest = True
+    try:
+        nc = await nats.connect(server.url)
+        pipeline = PublishPipeline(nc, ack_timeout_s=5.0)
+        pipeline.fast_ingest = True
+        try:
+            await _stream(nc, f"FI_{unique}", [f"fi.{unique}.>"])
+            await pipeline.start()
+            yield nc, pipeline
+        finally:
+            await pipeline.stop()
+            await nc.close()
+    finally:
+        server.stop()
+
+
+async def test_a_shard_beyond_the_streams_open_batches_publishes_plainly(one_batch_a_stream, unique):
+    """A server allowing one open batch a stream: the second shard is refused a batch ("too many
+    inflight", 10211), publishes plainly for a while, and loses nothing; the first keeps its batch."""
+    nc, pipeline = one_batch_a_stream
     publishers: list[ShardPublisher] = []
     stored: dict[int, list[Outgoing]] = {0: [], 1: []}
     try:
-        await _stream(nc, f"FI_{unique}", [f"fi.{unique}.>"])
-        await pipeline.start()
         for shard in (0, 1):
             publishers.append(ShardPublisher(pipeline, nc.jetstream(), window=16, buffer=64,
                                              on_stored=stored[shard].append))
@@ -231,27 +233,17 @@ async def test_a_shard_beyond_the_streams_open_batches_publishes_plainly(tmp_pat
     finally:
         for publisher in publishers:
             await publisher.stop(drain_timeout_s=0)
-        await pipeline.stop()
-        await nc.close()
-        server.stop()
 
 
-async def test_an_idle_batch_is_ended_on_the_server_before_the_next_starts(tmp_path, unique, monkeypatch):
+async def test_an_idle_batch_is_ended_on_the_server_before_the_next_starts(one_batch_a_stream, unique, monkeypatch):
     """A shard quiet for longer than ``fast_ingest.IDLE_S`` starts a new batch and ends the old one
     on the server (a message it does not store): on a server allowing one open batch a stream,
     the new one is not refused (before, it was: "too many inflight", the shard then plain)."""
     monkeypatch.setattr(fast_ingest, "IDLE_S", 0.3)
-    conf = tmp_path / "limits.conf"
-    conf.write_text("jetstream { limits { batch { max_inflight_per_stream: 1 } } }\n")
-    server = embedded.start_nats(tmp_path / "nats", extra_args=("-c", str(conf)))
-    nc = await nats.connect(server.url)
-    pipeline = PublishPipeline(nc, ack_timeout_s=5.0)
-    pipeline.fast_ingest = True
+    nc, pipeline = one_batch_a_stream
     stored: list[Outgoing] = []
     publisher = ShardPublisher(pipeline, nc.jetstream(), window=16, buffer=64, on_stored=stored.append)
     try:
-        await _stream(nc, f"FI_{unique}", [f"fi.{unique}.>"])
-        await pipeline.start()
         publisher.start()
         batches = []
         for i in range(3):
@@ -261,9 +253,6 @@ async def test_an_idle_batch_is_ended_on_the_server_before_the_next_starts(tmp_p
             await asyncio.sleep(0.5)  # idle past IDLE_S
         assert publisher.batches_cut == 0 and publisher._plain_until == 0
         assert len({id(batch) for batch in batches}) == 3 and all(batches)
-        assert await _stored_in_stream(nc, f"FI_{unique}") == [0, 1, 2]
+        assert await stored_in_stream(nc, f"FI_{unique}") == [0, 1, 2]
     finally:
         await publisher.stop(drain_timeout_s=0)
-        await pipeline.stop()
-        await nc.close()
-        server.stop()

@@ -15,28 +15,13 @@ after them."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any
 
 from services.gateway.publishing.outgoing import Outgoing
 from services.gateway.publishing.pipeline import PublishPipeline
 from services.gateway.publishing.publisher import ShardPublisher
-from tests.gateway.conftest import wait_until
-
-
-async def _stored_in_stream(nc, stream: str) -> list[int]:
-    sub = await nc.jetstream().subscribe("", stream=stream, ordered_consumer=True)
-    found = []
-    try:
-        while True:
-            try:
-                msg = await sub.next_msg(timeout=1)
-            except TimeoutError:
-                return found
-            found.append(json.loads(msg.data)["i"])
-    finally:
-        await sub.unsubscribe()
+from tests.gateway.conftest import stored_in_stream, wait_until
 
 
 async def _publisher(nc, ack_timeout_s: float = 1.0) -> tuple[PublishPipeline, ShardPublisher, list[Outgoing]]:
@@ -66,7 +51,7 @@ async def test_a_frame_stored_after_a_later_one_of_its_shard_is_counted_and_logg
                     await asyncio.sleep(0.05)
             await js.update_stream(name=stream, subjects=[kept, dropped])
             await wait_until(lambda: len(stored) == 4, timeout=15)
-        assert await _stored_in_stream(nc, stream) == [1, 2, 3, 0]
+        assert await stored_in_stream(nc, stream) == [1, 2, 3, 0]
         assert publisher.stored_out_of_order == 1
         assert [item.ack_seq for item in stored] == [0, 1, 2, 3]  # acknowledged, each once
         told = [r for r in caplog.records if "stored after later frames" in r.getMessage()]
@@ -88,7 +73,7 @@ async def test_frames_recovered_in_order_are_not_counted_out_of_order(nc, unique
         await asyncio.sleep(0.2)  # answered "no responders": the recovery is retrying the first
         await js.add_stream(name=stream, subjects=[subject])
         await wait_until(lambda: len(stored) == 4, timeout=15)
-        assert await _stored_in_stream(nc, stream) == [0, 1, 2, 3]
+        assert await stored_in_stream(nc, stream) == [0, 1, 2, 3]
         assert publisher.stored_out_of_order == 0
     finally:
         await publisher.stop(drain_timeout_s=0)
@@ -111,7 +96,7 @@ async def _taken_in_and_read(nc, js, stream: str, subjects: list[str], stored: l
     stored, the stream's order of them."""
     await js.update_stream(name=stream, subjects=subjects)
     await wait_until(lambda: len(stored) == 4, timeout=20)
-    return await _stored_in_stream(nc, stream)
+    return await stored_in_stream(nc, stream)
 
 
 async def _held_back(publisher: ShardPublisher) -> None:

@@ -8,13 +8,11 @@ from __future__ import annotations
 import os
 import secrets
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import trustme
 
-from shared.health import health_file_is_fresh
 from tests.hosts import harness
 from tests.hosts.net import Host
 
@@ -52,11 +50,5 @@ def start_door(processes: harness.Processes, host: Host, nodes: list[harness.Nod
            "SHARDBUS_WEB_REQUEST_TIMEOUT_S": str(REQUEST_TIMEOUT_S), "SHARDBUS_JETSTREAM_REPLICAS": "3",
            "SHARDBUS_RECONNECT_WAIT_S": "0.2", "SHARDBUS_RECONNECT_WAIT_MAX_S": "1", "SHARDBUS_METRICS_PORT": "0"}
     started = processes.start("door", host, [sys.executable, "-m", "shardbus", "run", "web"], env)
-    deadline = time.monotonic() + timeout
-    while not health_file_is_fresh(str(health)):
-        if started.proc.poll() is not None:
-            raise RuntimeError(f"the web door exited with {started.proc.returncode}:\n{started.log()[-3000:]}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the web door was not healthy within {timeout} s:\n{started.log()[-3000:]}")
-        time.sleep(0.1)
+    harness.wait_healthy(started, health, timeout)
     return Door(f"https://{host.address}:{DOOR_PORT}", folder / "ca.pem", token, started)

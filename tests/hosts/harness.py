@@ -230,12 +230,18 @@ def start_gateway(processes: Processes, host: Host, nodes: list[Node], workdir: 
            "SHARDBUS_RECONNECT_WAIT_MAX_S": "1", "SHARDBUS_METRICS_PORT": "0"}
     env.update({f"SHARDBUS_{k.upper()}": v for k, v in settings.items()})
     started = processes.start(f"gateway-{host.name}", host, [sys.executable, "-m", "shardbus", "run", "gateway"], env)
+    return wait_healthy(started, health, timeout)
+
+
+def wait_healthy(started: Started, health: Path, timeout: float) -> Started:
+    """``started`` once its health file is fresh; its log's end in the error when it exits first
+    or is not healthy within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while not health_file_is_fresh(str(health)):
         if started.proc.poll() is not None:
-            raise RuntimeError(f"the gateway exited with {started.proc.returncode}:\n{started.log()[-3000:]}")
+            raise RuntimeError(f"{started.name} exited with {started.proc.returncode}:\n{started.log()[-3000:]}")
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the gateway was not healthy within {timeout} s:\n{started.log()[-3000:]}")
+            raise TimeoutError(f"{started.name} was not healthy within {timeout} s:\n{started.log()[-3000:]}")
         time.sleep(0.1)
     return started
 

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 from shardbus import embedded
-from shared.health import health_file_is_fresh
 from tests.hosts import harness
 from tests.hosts.net import Host
 
@@ -106,14 +105,7 @@ def start_service(processes: harness.Processes, service: str, host: Host, nodes:
            "SHARDBUS_RECONNECT_WAIT_MAX_S": "1", "SHARDBUS_METRICS_PORT": "0", "SHARDBUS_JETSTREAM_REPLICAS": "3"}
     env.update({f"SHARDBUS_{key.upper()}": value for key, value in settings.items()})
     started = processes.start(name, host, [sys.executable, "-m", "shardbus", "run", service], env)
-    deadline = time.monotonic() + timeout
-    while not health_file_is_fresh(str(health)):
-        if started.proc.poll() is not None:
-            raise RuntimeError(f"{name} exited with {started.proc.returncode}:\n{started.log()[-3000:]}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{name} not healthy within {timeout} s:\n{started.log()[-3000:]}")
-        time.sleep(0.1)
-    return started
+    return harness.wait_healthy(started, health, timeout)
 
 
 def start_ledger(processes: harness.Processes, host: Host, nodes: list[harness.Node], url: str,
