@@ -16,13 +16,14 @@ from typing import Any
 
 import nats
 import pytest
+from nats.js.api import StreamConfig
 
 from services.gateway.publishing import fast_ingest
 from services.gateway.publishing.fast_ingest import FastBatch
 from services.gateway.publishing.outgoing import Outgoing
 from services.gateway.publishing.pipeline import PublishPipeline
 from services.gateway.publishing.publisher import ShardPublisher
-from services.gateway.publishing.streams import declare_streams
+from services.gateway.publishing.streams import declare_batched_stream, declare_streams
 from services.gateway.settings import GatewaySettings
 from shardbus import embedded
 from tests.gateway.conftest import stored_in_stream, wait_until
@@ -49,19 +50,34 @@ async def _stream(nc, name: str, subjects: list[str], verb: str = "CREATE") -> d
     return answer
 
 
-async def test_declare_streams_says_whether_frames_go_in_batches(nc, unique):
+async def test_a_stream_says_whether_it_takes_batches(nc, unique):
     """On 2.14 and later the frames stream takes batches; on an older server (the suite also runs
-    on 2.9) the field is ignored, the answer says so, and frames are published plainly."""
-    settings = GatewaySettings(frames_stream=f"FRAMES_{unique}", deadletter_stream=f"LETTERS_{unique}")
-    js = nc.jetstream()
+    on 2.9) the field is ignored, the answer says so, and frames are published plainly. (The
+    suite's server holds SHARD_FRAMES already: a stream of the test's own subjects here.)"""
+    config = StreamConfig(name=f"FRAMES_{unique}", subjects=[f"fi.{unique}.>"], duplicate_window=120)
     try:
-        assert await declare_streams(nc, js, settings) is _has_fast_ingest(nc)
-        assert await declare_streams(nc, js, settings) is _has_fast_ingest(nc)  # again: an update
-        off = settings.model_copy(update={"fast_ingest": False})
-        assert await declare_streams(nc, js, off) is False
+        assert await declare_batched_stream(nc, config, True) is _has_fast_ingest(nc)
+        assert await declare_batched_stream(nc, config, True) is _has_fast_ingest(nc)  # again: an update
+        assert await declare_batched_stream(nc, config, False) is False
     finally:
-        for name in (settings.frames_stream, settings.deadletter_stream):
-            await js.delete_stream(name)
+        await nc.jetstream().delete_stream(config.name)
+
+
+async def test_the_gateway_declares_its_frames_stream_taking_batches(tmp_path):
+    """``declare_streams`` on a server of its own (2.15.1): the frames stream takes batches unless
+    ``SHARDBUS_FAST_INGEST`` is false."""
+    server = embedded.start_nats(tmp_path / "nats")
+    try:
+        nc = await nats.connect(server.url)
+        try:
+            settings = GatewaySettings()
+            assert await declare_streams(nc, nc.jetstream(), settings) is True
+            off = settings.model_copy(update={"fast_ingest": False})
+            assert await declare_streams(nc, nc.jetstream(), off) is False
+        finally:
+            await nc.close()
+    finally:
+        server.stop()
 
 
 async def test_the_server_answers_a_batch_as_the_gateway_reads_it(nc, unique, fast_ingest_server):

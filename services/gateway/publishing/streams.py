@@ -35,16 +35,8 @@ async def declare_streams(nc: Client, js: JetStreamContext, settings: GatewaySet
     except BadRequestError:
         await js.update_stream(letters)
     frames = StreamConfig(name=settings.frames_stream, subjects=[subjects.FRAMES_WILDCARD],
-                          duplicate_window=window, num_replicas=settings.jetstream_replicas).as_dict()
-    # nats-py's StreamConfig has no allow_batched (nor keeps it from an answer): the request is
-    # written here. A server before 2.14 ignores the field and answers without it.
-    frames["allow_batched"] = settings.fast_ingest
-    answer = await _stream_request(nc, "CREATE", settings.frames_stream, frames)
-    if answer.get("error", {}).get("err_code") == NAME_IN_USE:
-        answer = await _stream_request(nc, "UPDATE", settings.frames_stream, frames)
-    if "error" in answer:
-        APIError.from_error(answer["error"])  # raises the error's class, as nats-py's add_stream
-    batched = bool(answer.get("config", {}).get("allow_batched"))
+                          duplicate_window=window, num_replicas=settings.jetstream_replicas)
+    batched = await declare_batched_stream(nc, frames, settings.fast_ingest)
     if settings.fast_ingest and not batched:
         log.warning("nats-server does not take fast-ingest batches (2.14 and later do): frames are "
                     "published plainly, and a leader change can break a shard's order",
@@ -53,6 +45,20 @@ async def declare_streams(nc: Client, js: JetStreamContext, settings: GatewaySet
     # shards publishing at once could each set it up and lose the other's acks.
     await natspy_internals.ensure_publish_async_reply(js)
     return batched
+
+
+async def declare_batched_stream(nc: Client, config: StreamConfig, allow_batched: bool) -> bool:
+    """Create (or update) the stream of ``config`` with ``allow_batched``; True when the server's
+    answer says the stream takes fast-ingest batches (a server before 2.14 ignores the field)."""
+    # nats-py's StreamConfig has no allow_batched (nor keeps it from an answer): the request is
+    # written here.
+    body = {**config.as_dict(), "allow_batched": allow_batched}
+    answer = await _stream_request(nc, "CREATE", str(config.name), body)
+    if answer.get("error", {}).get("err_code") == NAME_IN_USE:
+        answer = await _stream_request(nc, "UPDATE", str(config.name), body)
+    if "error" in answer:
+        APIError.from_error(answer["error"])  # raises the error's class, as nats-py's add_stream
+    return bool(answer.get("config", {}).get("allow_batched"))
 
 
 async def _stream_request(nc: Client, verb: str, name: str, config: dict[str, Any]) -> dict[str, Any]:
