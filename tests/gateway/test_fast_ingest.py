@@ -20,7 +20,7 @@ from nats.js.api import StreamConfig
 
 from services.gateway.publishing import fast_ingest
 from services.gateway.publishing.fast_ingest import FastBatch
-from services.gateway.publishing.outgoing import Outgoing
+from services.gateway.publishing.outgoing import STORED, Outgoing
 from services.gateway.publishing.pipeline import PublishPipeline
 from services.gateway.publishing.publisher import ShardPublisher
 from services.gateway.publishing.streams import declare_batched_stream, declare_streams
@@ -158,7 +158,7 @@ async def test_frames_in_flight_after_a_dropped_one_are_stored_after_it(nc, uniq
 def _stored_ahead(publisher: ShardPublisher) -> bool:
     """Plainly: frames 2–4 were answered "stored" while frame 1 waits."""
     window = list(publisher._in_flight)
-    return len(window) == 4 and all(entry.state == 1 for entry in window[1:])
+    return len(window) == 4 and all(entry.state == STORED for entry in window[1:])
 
 
 async def test_a_batch_the_server_forgot_is_recovered_and_a_new_one_started(nc, unique, fast_ingest_server):

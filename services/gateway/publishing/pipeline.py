@@ -271,7 +271,7 @@ class PublishPipeline:
         if parsed is None or publisher is None:
             return  # a batch that ended: its messages were recovered, or are being
         answer: Answer | Exception
-        if msg.headers and msg.headers.get(nats.js.api.Header.STATUS) == NO_RESPONDERS:
+        if _no_responders(msg):
             answer = nats.js.errors.NoStreamResponseError()
         else:
             try:
@@ -281,22 +281,33 @@ class PublishPipeline:
         publisher.batch_answered(parsed[0], parsed[1], answer)
 
 
+def _no_responders(msg: Msg) -> bool:
+    return msg.headers is not None and msg.headers.get(nats.js.api.Header.STATUS) == NO_RESPONDERS
+
+
 def _ack_error(msg: Msg) -> Exception | None:
     """None for JetStream's "stored" answer, else the error it means."""
-    if msg.headers and msg.headers.get(nats.js.api.Header.STATUS) == NO_RESPONDERS:
+    if _no_responders(msg):
         return nats.js.errors.NoStreamResponseError()
     data = msg.data
     if data.startswith(b'{"stream":') and b'"error"' not in data:
         return None  # the common answer, {"stream":…,"seq":…}, without a JSON parse
     try:
         answer = json.loads(data)
-        error = answer.get("error") if isinstance(answer, dict) else "not a JSON object"
-        if error is None:
-            return None
+    except ValueError as exc:  # the frame is published again: its recovery decides
+        return exc
+    error = answer.get("error") if isinstance(answer, dict) else "not a JSON object"
+    return None if error is None else api_error(error)
+
+
+def api_error(error: object) -> Exception:
+    """The exception nats-py raises for JetStream's error object ``error`` (its class by status
+    code: BadRequestError, ServiceUnavailableError…), or an APIError describing what came."""
+    try:
         if isinstance(error, dict) and "code" in error:
             nats.js.errors.APIError.from_error(error)  # raises the error's class
         return nats.js.errors.APIError(description=str(error)[:ERROR_CHARS])
-    except Exception as exc:  # noqa: BLE001 — the frame is published again: its recovery decides
+    except Exception as exc:  # noqa: BLE001 — from_error raises what it builds (or a TypeError)
         return exc
 
 

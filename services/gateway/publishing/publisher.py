@@ -25,7 +25,7 @@ from nats.js.api import PubAck
 from services.gateway.publishing import fast_ingest
 from services.gateway.publishing.fast_ingest import Answer, FastBatch
 from services.gateway.publishing.outgoing import FAILED, STORED, WAITING, InFlight, Outgoing
-from services.gateway.publishing.pipeline import PublishPipeline
+from services.gateway.publishing.pipeline import PublishPipeline, api_error
 
 log = logging.getLogger("shardbus.gateway.publisher")
 
@@ -499,10 +499,8 @@ def _cut_error(answer: Answer | Exception) -> Exception:
     """Why a batch's messages after a cut were not stored, as the recovery logs it."""
     if isinstance(answer, Exception):
         return answer
-    code, err_code = (answer.error or {}).get("code"), (answer.error or {}).get("err_code")
-    if isinstance(code, int):
-        return nats.js.errors.APIError(code=code, err_code=err_code if isinstance(err_code, int) else None,
-                                       description=str((answer.error or {}).get("description", ""))[:REASON_CHARS])
+    if answer.error:
+        return api_error(answer.error)
     return ConnectionError(f"the fast-ingest batch was cut ({answer.kind} at {answer.seq})")
 
 

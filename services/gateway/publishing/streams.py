@@ -14,6 +14,7 @@ from nats.js.errors import APIError, BadRequestError
 
 from services.gateway.settings import GatewaySettings
 from shared import natspy_internals, subjects
+from shared.nats_calls import json_object
 
 log = logging.getLogger("shardbus.gateway")
 
@@ -62,9 +63,6 @@ async def declare_batched_stream(nc: Client, config: StreamConfig, allow_batched
 
 
 async def _stream_request(nc: Client, verb: str, name: str, config: dict[str, Any]) -> dict[str, Any]:
-    reply = await nc.request(f"$JS.API.STREAM.{verb}.{name}", json.dumps(config).encode(),
-                                 timeout=API_TIMEOUT_S)
-    answer = json.loads(reply.data)
-    if not isinstance(answer, dict):
-        raise ValueError(f"JetStream's answer to STREAM.{verb} is not a JSON object")
-    return answer
+    subject = f"$JS.API.STREAM.{verb}.{name}"
+    reply = await nc.request(subject, json.dumps(config).encode(), timeout=API_TIMEOUT_S)
+    return json_object(subject, reply.data)
